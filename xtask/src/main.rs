@@ -1,0 +1,63 @@
+//! `cargo xtask …`: the one entry point for setting up, testing and checking Sheaf.
+//!
+//! The commands start real servers (Postgres 15 from Debian packages, ClickHouse
+//! 26.9 from the `chdb-core` wheel), hand their URLs to the test suites through
+//! `SHEAF_TEST_*` variables, and stop exactly what they started. Everything
+//! here must work on a fresh machine with nothing installed by hand.
+
+mod process;
+mod services;
+mod test;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  services up        start Postgres (wal_level = logical) and ClickHouse, write target/xtask/services.env
+  services down      stop what `services up` started, by PID
+  services status    show what is running and whether xtask started it
+  test [ARGS…]       services up, every test of the workspace, services down (ARGS go to the test runner)
+  ci                 cargo fmt --check, cargo clippy -D warnings, then `test`
+";
+
+fn main() -> ExitCode {
+    match try_main() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main() -> anyhow::Result<ExitCode> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["services", "up"] => {
+            let env = services::up()?;
+            env.print();
+            Ok(ExitCode::SUCCESS)
+        }
+        ["services", "down"] => {
+            services::down()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        ["services", "status"] => {
+            services::status()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        ["test", rest @ ..] => test::test(rest),
+        ["ci"] => test::ci(),
+        ["help" | "--help" | "-h"] | [] => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprint!("{USAGE}");
+            anyhow::bail!("unknown command `{}`", args.join(" "))
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! `cargo xtask test` and `cargo xtask ci`.
+
+use crate::process::{describe, output_of, workspace_root};
+use crate::services;
+use anyhow::Context;
+use std::process::{Command, ExitCode};
+
+/// Starts the services, runs every suite with their URLs, and stops what it started,
+/// also when a suite fails.
+pub fn test(runner_args: &[&str]) -> anyhow::Result<ExitCode> {
+    let env = services::up()?;
+    env.print();
+    let outcome = run_suites(&env, runner_args);
+    let stopped = services::stop(env.started);
+    let passed = outcome?;
+    stopped.context("the suites ran, but stopping the services failed")?;
+    Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `cargo fmt --check` and clippy first: they are cheap and fail fast.
+pub fn ci() -> anyhow::Result<ExitCode> {
+    let checks: [&[&str]; 2] = [
+        &["fmt", "--all", "--", "--check"],
+        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+    ];
+    for args in checks {
+        if !cargo(args).status().is_ok_and(|s| s.success()) {
+            eprintln!("xtask: `cargo {}` failed", args.join(" "));
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    test(&[])
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(args).current_dir(workspace_root());
+    cmd
+}
+
+fn nextest_available() -> bool {
+    output_of(&mut cargo(&["nextest", "--version"])).is_ok_and(|out| out.status.success())
+}
+
+fn run_suites(env: &services::ServicesEnv, runner_args: &[&str]) -> anyhow::Result<bool> {
+    let mut steps: Vec<Command> = Vec::new();
+    if nextest_available() {
+        let mut cmd = cargo(&["nextest", "run", "--workspace", "--no-fail-fast"]);
+        cmd.args(runner_args);
+        steps.push(cmd);
+        // nextest does not run doctests; cargo test does them in a second step.
+        steps.push(cargo(&["test", "--workspace", "--doc"]));
+    } else {
+        let mut cmd = cargo(&["test", "--workspace", "--no-fail-fast"]);
+        cmd.args(runner_args);
+        steps.push(cmd);
+    }
+
+    let mut passed = true;
+    for mut step in steps {
+        step.envs(env.vars.iter().map(|(k, v)| (k, v)))
+            .env("SHEAF_TEST_PYTHON", services::venv_python());
+        println!("xtask: running `{}`", describe(&step));
+        let status = step
+            .status()
+            .with_context(|| format!("could not run `{}`", describe(&step)))?;
+        if !status.success() {
+            eprintln!("xtask: `{}` failed ({status})", describe(&step));
+            passed = false;
+        }
+    }
+    Ok(passed)
+}

@@ -1,0 +1,3 @@
+//! xtask's tests: the tidy checks that reviewers would otherwise repeat by hand.
+
+mod tidy;

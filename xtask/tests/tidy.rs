@@ -1,0 +1,62 @@
+//! Tidy: house rules checked over every Rust file of the repository.
+//!
+//! - every `.rs` file starts with a `//!` comment that says what it is for;
+//! - no ignored tests and no `should_panic`: a test asserts the `Err` it expects,
+//!   and a test that cannot run is not a test.
+
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Every `.rs` file below the root, skipping build output and VCS data.
+fn rust_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![workspace_root()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if !matches!(name.as_str(), "target" | ".git" | "corpus" | "artifacts") {
+                    stack.push(path);
+                }
+            } else if name.ends_with(".rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn every_rust_file_starts_with_a_module_comment() {
+    let files = rust_files();
+    assert!(files.len() > 3, "tidy found too few files: {files:?}");
+    let missing: Vec<_> = files
+        .iter()
+        .filter(|path| {
+            let text = std::fs::read_to_string(path).unwrap();
+            !text.trim_start().starts_with("//!")
+        })
+        .collect();
+    assert!(missing.is_empty(), "these files do not start with a `//!` comment: {missing:#?}");
+}
+
+#[test]
+fn no_ignored_or_should_panic_tests() {
+    // Spelled in two pieces so this file does not trip its own check.
+    let banned = [concat!("#[", "ignore"), concat!("should", "_panic")];
+    let mut offences = Vec::new();
+    for path in rust_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (number, line) in text.lines().enumerate() {
+            if banned.iter().any(|b| line.contains(b)) {
+                offences.push(format!("{}:{}: {}", path.display(), number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(offences.is_empty(), "ignored or should_panic tests:\n{}", offences.join("\n"));
+}
