@@ -2,7 +2,10 @@
 //!
 //! - every `.rs` file starts with a `//!` comment that says what it is for;
 //! - no ignored tests and no `should_panic`: a test asserts the `Err` it expects,
-//!   and a test that cannot run is not a test.
+//!   and a test that cannot run is not a test;
+//! - a crate's `tests/` folder is one test binary (`tests/main.rs` with modules), so
+//!   a crate that has sibling modules there turns off cargo's auto-discovery, which
+//!   would otherwise compile each module a second time as a binary of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -47,8 +50,9 @@ fn every_rust_file_starts_with_a_module_comment() {
 
 #[test]
 fn no_ignored_or_should_panic_tests() {
-    // Spelled in two pieces so this file does not trip its own check.
-    let banned = [concat!("#[", "ignore"), concat!("should", "_panic")];
+    // Attributes, not words: prose may talk about them. Spelled in two pieces so
+    // this file does not trip its own check.
+    let banned = [concat!("#[", "ignore"), concat!("#[", "should_panic")];
     let mut offences = Vec::new();
     for path in rust_files() {
         let text = std::fs::read_to_string(&path).unwrap();
@@ -59,4 +63,35 @@ fn no_ignored_or_should_panic_tests() {
         }
     }
     assert!(offences.is_empty(), "ignored or should_panic tests:\n{}", offences.join("\n"));
+}
+
+#[test]
+fn one_test_binary_per_crate() {
+    let root = workspace_root();
+    let mut offences = Vec::new();
+    let mut manifests = vec![root.join("xtask")];
+    for parent in ["crates", "benches"] {
+        if let Ok(entries) = std::fs::read_dir(root.join(parent)) {
+            manifests.extend(entries.map(|e| e.unwrap().path()));
+        }
+    }
+    for dir in manifests {
+        let tests = dir.join("tests");
+        if !tests.join("main.rs").is_file() {
+            continue;
+        }
+        let siblings = std::fs::read_dir(&tests)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .any(|p| p.extension().is_some_and(|x| x == "rs") && !p.ends_with("main.rs"));
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap_or_default();
+        if siblings && !manifest.contains("autotests = false") {
+            offences.push(dir.display().to_string());
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "these crates have tests/main.rs and sibling modules but not `autotests = false` \
+         (add it and a [[test]] named main): {offences:#?}"
+    );
 }
