@@ -1,0 +1,32 @@
+//! Coalescing of database work: many small lookups become one query, many small
+//! writes become one write.
+//!
+//! - [`LookupCoalescer`] sits in front of a [`BatchLookup`] backend. Callers look keys
+//!   up one at a time and each gets its own answer; a worker gathers concurrent keys
+//!   and sends them as batch queries (seed 000: retries due together share one
+//!   "latest attempt" query). It can gather for a fixed time or adaptively, only while
+//!   a query is in flight.
+//! - [`WriteCoalescer`] sits in front of a [`BatchWriter`]. Writers hand off batches of
+//!   records; a worker writes everything queued as one bounded write and can wait a
+//!   bounded time for more (seed 001: parts bounded per wait window, not per poll).
+//! - [`Observer`] receives what both do; [`CoalesceMetrics`] counts it.
+//!
+//! Architecture invariant: this crate knows nothing about storage. Backends implement
+//! the two traits; the crate depends on Tokio, thiserror and tracing only.
+
+mod config;
+mod error;
+mod lookup;
+mod metrics;
+mod split;
+mod write;
+
+pub use config::{ConfigError, LookupConfig, WriteConfig};
+pub use error::{LookupError, WriteError};
+pub use lookup::{BatchLookup, LookupCoalescer, LookupCoalescerBuilder};
+pub use metrics::{
+    BATCH_SIZE_BUCKETS, CoalesceMetrics, FlushReason, LookupFlush, LookupQuery, MetricsSnapshot,
+    NoopObserver, Observer, QueryPath, WriteFlush,
+};
+pub use split::{NoSplit, SpanPoint, SpanSplit, SplitRule};
+pub use write::{BatchWriter, WriteCoalescer, WriteCompletion};
