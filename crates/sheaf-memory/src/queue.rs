@@ -1,0 +1,388 @@
+//! [`MemoryJobQueue`]: the delivery queue with leases, in memory.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::ops::Bound;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use sheaf_store::{
+    ClaimedJob, Cursor, DeadLetter, DeadLetterRequest, Job, JobId, JobQueue, Lease, Page,
+    PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId, Timestamp, validate_job,
+    validate_lease,
+};
+
+/// Bounds on what the memory queue keeps besides pending jobs.
+///
+/// Pending jobs are never dropped: each is a delivery somebody is owed, and the queue holds only
+/// small rows (ids and times, never payloads). Dead letters are kept for operators to look at,
+/// and a destination that is down for good would otherwise add one per event forever, so only
+/// the newest `max_dead_letters` are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// At most this many dead letters are kept; the oldest go first.
+    pub max_dead_letters: usize,
+}
+
+impl Default for QueueLimits {
+    /// 10,000 dead letters.
+    fn default() -> Self {
+        QueueLimits {
+            max_dead_letters: 10_000,
+        }
+    }
+}
+
+struct Row {
+    job: Job,
+    claimed_until: Option<Timestamp>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: HashMap<JobId, Row>,
+    /// Every pending job by `(due_at, id)`: the claim order.
+    due: BTreeSet<(Timestamp, JobId)>,
+    dead: HashMap<JobId, DeadLetter>,
+    dead_by_tenant: HashMap<TenantId, BTreeSet<(Timestamp, JobId)>>,
+    dead_by_age: BTreeSet<(Timestamp, JobId)>,
+}
+
+impl QueueState {
+    /// The row of a job the lease still holds, or `None` when the lease is lost.
+    fn held(&mut self, lease: &Lease) -> Option<&mut Row> {
+        self.jobs
+            .get_mut(&lease.job_id)
+            .filter(|row| row.claimed_until == Some(lease.claimed_until))
+    }
+
+    fn remove_job(&mut self, id: JobId) -> Option<Job> {
+        let row = self.jobs.remove(&id)?;
+        self.due.remove(&(row.job.due_at, id));
+        Some(row.job)
+    }
+
+    fn remove_dead(&mut self, id: JobId) -> Option<DeadLetter> {
+        let dead = self.dead.remove(&id)?;
+        let key = (dead.dead_lettered_at, id);
+        self.dead_by_age.remove(&key);
+        if let Some(set) = self.dead_by_tenant.get_mut(&dead.job.tenant_id) {
+            set.remove(&key);
+            if set.is_empty() {
+                self.dead_by_tenant.remove(&dead.job.tenant_id);
+            }
+        }
+        Some(dead)
+    }
+
+    /// Runs `apply` for every lease that still holds (once per job), and returns the ids of those
+    /// that do not.
+    fn for_held<T>(
+        &mut self,
+        items: &[T],
+        lease_of: impl Fn(&T) -> Lease,
+        mut apply: impl FnMut(&mut Self, &T),
+    ) -> Vec<JobId> {
+        let mut lost = Vec::new();
+        let mut done = HashSet::new();
+        for item in items {
+            let lease = lease_of(item);
+            if done.contains(&lease) {
+                continue;
+            }
+            if self.held(&lease).is_some() {
+                apply(self, item);
+                done.insert(lease);
+            } else {
+                lost.push(lease.job_id);
+            }
+        }
+        lost
+    }
+}
+
+/// The job queue in memory. Cheap to share: wrap it in an `Arc` (`Arc<dyn JobQueue>`).
+///
+/// Its clock is this process's (`Timestamp::now()`). A new `claimed_until` is always later than
+/// the job's previous one, even if the system clock steps back, so a lease is never reissued.
+pub struct MemoryJobQueue {
+    state: Mutex<QueueState>,
+    limits: QueueLimits,
+}
+
+impl MemoryJobQueue {
+    /// An empty queue that keeps what `limits` allows.
+    pub fn new(limits: QueueLimits) -> Self {
+        MemoryJobQueue {
+            state: Mutex::new(QueueState::default()),
+            limits,
+        }
+    }
+
+    /// `now + lease`, moved past `previous` if the clock would not get there.
+    fn lease_end(now: Timestamp, lease: Duration, previous: Option<Timestamp>) -> Timestamp {
+        let end = now.saturating_add(lease);
+        match previous {
+            Some(previous) if end <= previous => previous.saturating_add(Duration::from_micros(1)),
+            _ => end,
+        }
+    }
+}
+
+impl Default for MemoryJobQueue {
+    fn default() -> Self {
+        Self::new(QueueLimits::default())
+    }
+}
+
+impl fmt::Debug for MemoryJobQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.lock();
+        f.debug_struct("MemoryJobQueue")
+            .field("jobs", &state.jobs.len())
+            .field("dead_letters", &state.dead.len())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl JobQueue for MemoryJobQueue {
+    async fn enqueue(&self, jobs: &[Job]) -> Result<()> {
+        for job in jobs {
+            validate_job(job)?;
+        }
+        let mut state = self.state.lock();
+        for job in jobs {
+            if state.jobs.contains_key(&job.id) || state.dead.contains_key(&job.id) {
+                continue;
+            }
+            state.due.insert((job.due_at, job.id));
+            state.jobs.insert(
+                job.id,
+                Row {
+                    job: job.clone(),
+                    claimed_until: None,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<ClaimedJob>> {
+        validate_lease(lease)?;
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut state = self.state.lock();
+        let now = Timestamp::now();
+        let mut picked = Vec::with_capacity(max);
+        // Held jobs stay in the due index (like rows skipped by `SKIP LOCKED`); there are at most
+        // as many as there are workers, so walking past them is cheap.
+        for &(due_at, id) in &state.due {
+            if due_at > now || picked.len() == max {
+                break;
+            }
+            let held = state.jobs[&id]
+                .claimed_until
+                .is_some_and(|until| until >= now);
+            if !held {
+                picked.push(id);
+            }
+        }
+        let mut claimed = Vec::with_capacity(picked.len());
+        for id in picked {
+            let row = state.jobs.get_mut(&id).expect("picked from the index");
+            let claimed_until = Self::lease_end(now, lease, row.claimed_until);
+            row.claimed_until = Some(claimed_until);
+            claimed.push(ClaimedJob {
+                job: row.job.clone(),
+                lease: Lease {
+                    job_id: id,
+                    claimed_until,
+                },
+            });
+        }
+        Ok(claimed)
+    }
+
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        validate_lease(lease)?;
+        let mut state = self.state.lock();
+        let now = Timestamp::now();
+        let mut renewed = Vec::new();
+        let lost = state.for_held(
+            leases,
+            |l| *l,
+            |state, old| {
+                let row = state.jobs.get_mut(&old.job_id).expect("held");
+                // The same owner keeps the job, so unlike a claim a renewal need not move forward.
+                let claimed_until = now.saturating_add(lease);
+                row.claimed_until = Some(claimed_until);
+                renewed.push(Lease {
+                    job_id: old.job_id,
+                    claimed_until,
+                });
+            },
+        );
+        Ok(Renewed {
+            leases: renewed,
+            lost,
+        })
+    }
+
+    async fn complete(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
+        let mut state = self.state.lock();
+        Ok(state.for_held(
+            leases,
+            |l| *l,
+            |state, lease| {
+                state.remove_job(lease.job_id);
+            },
+        ))
+    }
+
+    async fn reschedule(&self, jobs: &[Reschedule]) -> Result<Vec<JobId>> {
+        let mut state = self.state.lock();
+        Ok(state.for_held(
+            jobs,
+            |r| r.lease,
+            |state, r| {
+                let id = r.lease.job_id;
+                let row = state.jobs.get_mut(&id).expect("held");
+                let old_due = row.job.due_at;
+                row.job.due_at = r.due_at;
+                row.job.attempt_number = r.attempt_number;
+                row.job.last_attempt_time = r.last_attempt_time;
+                row.claimed_until = None;
+                state.due.remove(&(old_due, id));
+                state.due.insert((r.due_at, id));
+            },
+        ))
+    }
+
+    async fn dead_letter(&self, jobs: &[DeadLetterRequest]) -> Result<Vec<JobId>> {
+        let mut state = self.state.lock();
+        let now = Timestamp::now();
+        let lost = state.for_held(
+            jobs,
+            |r| r.lease,
+            |state, r| {
+                let id = r.lease.job_id;
+                let job = state.remove_job(id).expect("held");
+                state
+                    .dead_by_tenant
+                    .entry(job.tenant_id.clone())
+                    .or_default()
+                    .insert((now, id));
+                state.dead_by_age.insert((now, id));
+                state.dead.insert(
+                    id,
+                    DeadLetter {
+                        job,
+                        reason: r.reason.clone(),
+                        dead_lettered_at: now,
+                    },
+                );
+            },
+        );
+        while state.dead.len() > self.limits.max_dead_letters {
+            let Some(&(_, oldest)) = state.dead_by_age.first() else {
+                break;
+            };
+            state.remove_dead(oldest);
+        }
+        Ok(lost)
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
+        let mut state = self.state.lock();
+        Ok(state.for_held(
+            leases,
+            |l| *l,
+            |state, lease| {
+                // The job keeps its due time, which has passed: it is claimable again at once.
+                state
+                    .jobs
+                    .get_mut(&lease.job_id)
+                    .expect("held")
+                    .claimed_until = None;
+            },
+        ))
+    }
+
+    async fn depth(&self) -> Result<QueueDepth> {
+        let state = self.state.lock();
+        let now = Timestamp::now();
+        let mut depth = QueueDepth {
+            dead_lettered: state.dead.len() as u64,
+            ..QueueDepth::default()
+        };
+        for row in state.jobs.values() {
+            if row.claimed_until.is_some_and(|until| until >= now) {
+                depth.claimed += 1;
+            } else if row.job.due_at <= now {
+                depth.due += 1;
+            } else {
+                depth.scheduled += 1;
+            }
+        }
+        Ok(depth)
+    }
+
+    async fn list_dead_letters(
+        &self,
+        tenant: &TenantId,
+        page: &PageRequest,
+    ) -> Result<Page<DeadLetter>> {
+        page.validate()?;
+        let upper = match &page.cursor {
+            Some(cursor) => Bound::Excluded((cursor.time(), JobId::from_str(cursor.id())?)),
+            None => Bound::Unbounded,
+        };
+        let state = self.state.lock();
+        let Some(index) = state.dead_by_tenant.get(tenant) else {
+            return Ok(Page::empty());
+        };
+        let limit = page.limit_usize();
+        let mut items: Vec<DeadLetter> = index
+            .range((Bound::Unbounded, upper))
+            .rev()
+            .take(limit + 1)
+            .map(|(_, id)| state.dead[id].clone())
+            .collect();
+        let next = if items.len() > limit {
+            items.truncate(limit);
+            items
+                .last()
+                .map(|d| Cursor::new(d.dead_lettered_at, d.job.id.to_string()))
+        } else {
+            None
+        };
+        Ok(Page { items, next })
+    }
+
+    async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {
+        let mut state = self.state.lock();
+        let jobs: Vec<JobId> = state
+            .jobs
+            .values()
+            .filter(|row| row.job.tenant_id == *tenant)
+            .map(|row| row.job.id)
+            .collect();
+        let dead: Vec<JobId> = state
+            .dead_by_tenant
+            .get(tenant)
+            .map(|set| set.iter().map(|&(_, id)| id).collect())
+            .unwrap_or_default();
+        for &id in &jobs {
+            state.remove_job(id);
+        }
+        for &id in &dead {
+            state.remove_dead(id);
+        }
+        Ok((jobs.len() + dead.len()) as u64)
+    }
+}

@@ -1,0 +1,345 @@
+//! The memory backends against the shared suites, plus what only the memory backends promise:
+//! retention bounds and exclusivity under real threads.
+
+mod suites {
+    //! The shared conformance and parity suites, run as every backend runs them.
+
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
+    use sheaf_store::testkit::{conformance, parity};
+    use sheaf_store::{
+        Attempt, AttemptFilter, AttemptId, AttemptKey, Event, EventFilter, EventId, LogStore, Page,
+        PageRequest, Result, TenantId,
+    };
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conformance_run_all() {
+        let (log, queue, entities) = (
+            MemoryLogStore::default(),
+            MemoryJobQueue::default(),
+            MemoryEntityStore::new(),
+        );
+        conformance::run_all(&log, &queue, &entities).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parity_of_the_memory_log_store() {
+        let store: Arc<dyn LogStore> = Arc::new(MemoryLogStore::default());
+        parity::run(store, &parity::ParityConfig::from_env(), &[&InRandomChunks]).await;
+    }
+
+    /// A log store that answers `get_events` and `latest_attempts` with the traits' default
+    /// methods (single calls in a loop), so the suites check those defaults too.
+    #[derive(Debug, Default)]
+    struct DefaultsOnly(MemoryLogStore);
+
+    #[async_trait]
+    impl LogStore for DefaultsOnly {
+        async fn insert_many(&self, events: &[Event], attempts: &[Attempt]) -> Result<()> {
+            self.0.insert_many(events, attempts).await
+        }
+        async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
+            self.0.get_event(tenant, id).await
+        }
+        async fn list_events(
+            &self,
+            tenant: &TenantId,
+            filter: &EventFilter,
+            page: &PageRequest,
+        ) -> Result<Page<Event>> {
+            self.0.list_events(tenant, filter, page).await
+        }
+        async fn get_attempt(&self, tenant: &TenantId, id: &AttemptId) -> Result<Option<Attempt>> {
+            self.0.get_attempt(tenant, id).await
+        }
+        async fn list_attempts(
+            &self,
+            tenant: &TenantId,
+            filter: &AttemptFilter,
+            page: &PageRequest,
+        ) -> Result<Page<Attempt>> {
+            self.0.list_attempts(tenant, filter, page).await
+        }
+        async fn latest_attempt(&self, key: &AttemptKey) -> Result<Option<Attempt>> {
+            self.0.latest_attempt(key).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_default_methods_pass_the_log_suites() {
+        let store = Arc::new(DefaultsOnly::default());
+        conformance::run_log_store(&*store).await;
+        parity::run(store, &parity::ParityConfig::from_env(), &[]).await;
+    }
+
+    /// An extra parity lookup that splits the keys into chunks of a size drawn from the case's
+    /// `variant` and asks `latest_attempts` once per chunk, the way a coalescer batches; it checks
+    /// the plug-in path the coalescer parity uses.
+    struct InRandomChunks;
+
+    #[async_trait]
+    impl parity::ParityLookup for InRandomChunks {
+        fn name(&self) -> String {
+            "latest_attempts in random chunks".to_owned()
+        }
+
+        async fn lookup(
+            &self,
+            store: Arc<dyn LogStore>,
+            keys: Vec<AttemptKey>,
+            variant: u64,
+        ) -> Result<HashMap<AttemptKey, Attempt>> {
+            let chunk = 1 + (variant % 7) as usize;
+            let mut found = HashMap::new();
+            for keys in keys.chunks(chunk) {
+                found.extend(store.latest_attempts(keys).await?);
+            }
+            Ok(found)
+        }
+    }
+
+    #[test]
+    fn the_parity_run_can_be_spawned() {
+        // Backends may want to run the suite on a spawned task; that needs a `Send` future.
+        fn assert_send<T: Send>(_: &T) {}
+        let store: Arc<dyn LogStore> = Arc::new(MemoryLogStore::default());
+        let config = parity::ParityConfig {
+            cases: 1,
+            ..parity::ParityConfig::new()
+        };
+        let future = parity::run(store, &config, &[]);
+        assert_send(&future);
+    }
+}
+
+mod memory {
+    //! What only the memory backends promise.
+
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sheaf_memory::{LogRetention, MemoryJobQueue, MemoryLogStore, QueueLimits};
+    use sheaf_store::testkit::fixtures::{ago, attempt, event, job, shift, unique_tenant};
+    use sheaf_store::{
+        DeadLetterRequest, DestinationId, EventFilter, JobQueue, LogStore, PageRequest, Timestamp,
+    };
+
+    #[tokio::test]
+    async fn retention_keeps_the_newest_records_within_the_counts() {
+        let retention = LogRetention {
+            max_age: None,
+            max_events: 5,
+            max_attempts: 3,
+        };
+        let store = MemoryLogStore::new(retention);
+        let tenant = unique_tenant("retention-count");
+        let t = ago(Duration::from_secs(60));
+        let events: Vec<_> = (0..8)
+            .map(|i| event(&tenant, &format!("e{i}"), "t", shift(t, i * 1_000_000)))
+            .collect();
+        let d = DestinationId::generate();
+        let attempts: Vec<_> = (0..6)
+            .map(|i| attempt(&events[7], d, shift(t, i * 1_000_000)))
+            .collect();
+        store.insert_many(&events, &attempts).await.expect("insert");
+        assert_eq!(store.len(), (5, 3));
+
+        let page = store
+            .list_events(&tenant, &EventFilter::default(), &PageRequest::first(100))
+            .await
+            .expect("list");
+        let ids: Vec<&str> = page.items.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["e7", "e6", "e5", "e4", "e3"],
+            "the oldest events are dropped first"
+        );
+        assert_eq!(
+            store.get_event(&tenant, &events[0].id).await.expect("get"),
+            None
+        );
+        // The dropped attempts are gone from every index, the latest-attempt one included.
+        let oldest = store
+            .latest_attempt(&attempts[0].key())
+            .await
+            .expect("latest");
+        assert_eq!(oldest.as_ref(), Some(&attempts[5]));
+        assert_eq!(
+            store
+                .get_attempt(&tenant, &attempts[2].id)
+                .await
+                .expect("get"),
+            None
+        );
+        assert_eq!(
+            store
+                .get_attempt(&tenant, &attempts[3].id)
+                .await
+                .expect("get"),
+            Some(attempts[3].clone())
+        );
+    }
+
+    #[tokio::test]
+    async fn retention_drops_records_older_than_the_max_age() {
+        let retention = LogRetention {
+            max_age: Some(Duration::from_secs(3600)),
+            max_events: 100,
+            max_attempts: 100,
+        };
+        let store = MemoryLogStore::new(retention);
+        let tenant = unique_tenant("retention-age");
+        let old = event(&tenant, "old", "t", ago(Duration::from_secs(7200)));
+        let fresh = event(&tenant, "fresh", "t", ago(Duration::from_secs(60)));
+        let d = DestinationId::generate();
+        let old_attempt = attempt(&fresh, d, ago(Duration::from_secs(3700)));
+        let fresh_attempt = attempt(&fresh, d, ago(Duration::from_secs(30)));
+        store
+            .insert_many(
+                &[old.clone(), fresh.clone()],
+                &[old_attempt.clone(), fresh_attempt.clone()],
+            )
+            .await
+            .expect("insert");
+        assert_eq!(store.len(), (1, 1));
+        assert_eq!(store.get_event(&tenant, &old.id).await.expect("get"), None);
+        assert_eq!(
+            store.get_event(&tenant, &fresh.id).await.expect("get"),
+            Some(fresh)
+        );
+        assert_eq!(
+            store
+                .get_attempt(&tenant, &old_attempt.id)
+                .await
+                .expect("get"),
+            None
+        );
+        let latest = store
+            .latest_attempt(&old_attempt.key())
+            .await
+            .expect("latest");
+        assert_eq!(latest, Some(fresh_attempt));
+    }
+
+    #[tokio::test]
+    async fn attempts_share_the_payload_of_their_stored_event() {
+        let store = MemoryLogStore::default();
+        let tenant = unique_tenant("payload-sharing");
+        let e = event(&tenant, "shared", "t", ago(Duration::from_secs(10)));
+        store
+            .insert_many(std::slice::from_ref(&e), &[])
+            .await
+            .expect("insert");
+        // An equal payload in a separate allocation, as a deserialized write would carry.
+        let mut a = attempt(&e, DestinationId::generate(), ago(Duration::from_secs(5)));
+        a.event_data = sheaf_store::Payload::new(e.data.value().clone());
+        assert!(!a.event_data.ptr_eq(&e.data));
+        store
+            .insert_many(&[], std::slice::from_ref(&a))
+            .await
+            .expect("insert");
+        let stored = store
+            .get_attempt(&tenant, &a.id)
+            .await
+            .expect("get")
+            .expect("stored");
+        let event = store
+            .get_event(&tenant, &e.id)
+            .await
+            .expect("get")
+            .expect("stored");
+        assert!(
+            stored.event_data.ptr_eq(&event.data),
+            "the attempt keeps no second copy"
+        );
+    }
+
+    #[tokio::test]
+    async fn dead_letters_are_bounded_oldest_first() {
+        let queue = MemoryJobQueue::new(QueueLimits {
+            max_dead_letters: 2,
+        });
+        let tenant = unique_tenant("dead-bound");
+        let jobs: Vec<_> = (0..3)
+            .map(|_| job(&tenant, ago(Duration::from_secs(1))))
+            .collect();
+        queue.enqueue(&jobs).await.expect("enqueue");
+        for _ in 0..3 {
+            let claimed = queue
+                .claim(1, Duration::from_secs(30))
+                .await
+                .expect("claim");
+            let request = DeadLetterRequest {
+                lease: claimed[0].lease,
+                reason: "test".to_owned(),
+            };
+            assert!(
+                queue
+                    .dead_letter(&[request])
+                    .await
+                    .expect("dead_letter")
+                    .is_empty()
+            );
+            // Distinct dead-letter times make "oldest" unambiguous.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let page = queue
+            .list_dead_letters(&tenant, &PageRequest::first(10))
+            .await
+            .expect("list");
+        let kept: Vec<_> = page.items.iter().map(|d| d.job.id).collect();
+        assert_eq!(
+            kept,
+            vec![jobs[2].id, jobs[1].id],
+            "the oldest dead letter is dropped"
+        );
+        assert_eq!(queue.depth().await.expect("depth").dead_lettered, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_are_exclusive_across_threads() {
+        let queue = Arc::new(MemoryJobQueue::default());
+        let tenant = unique_tenant("threads");
+        let now = Timestamp::now();
+        let jobs: Vec<_> = (0..2000)
+            .map(|i| job(&tenant, shift(now, -(i % 50))))
+            .collect();
+        queue.enqueue(&jobs).await.expect("enqueue");
+        let claimers: Vec<_> = (0..8)
+            .map(|_| {
+                let queue = Arc::clone(&queue);
+                tokio::spawn(async move {
+                    let mut mine = Vec::new();
+                    loop {
+                        let batch = queue
+                            .claim(5, Duration::from_secs(30))
+                            .await
+                            .expect("claim");
+                        if batch.is_empty() {
+                            return mine;
+                        }
+                        let leases: Vec<_> = batch.iter().map(|c| c.lease).collect();
+                        mine.extend(batch.into_iter().map(|c| c.job.id));
+                        assert!(queue.complete(&leases).await.expect("complete").is_empty());
+                    }
+                })
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        for claimer in claimers {
+            for id in claimer.await.expect("claimer panicked") {
+                assert!(seen.insert(id), "job {id} was claimed twice");
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            jobs.len(),
+            "every job was claimed and completed exactly once"
+        );
+        assert_eq!(queue.depth().await.expect("depth"), Default::default());
+    }
+}

@@ -1,0 +1,299 @@
+//! Tenants and their destinations, and the [`EntityStore`] trait that keeps them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{DestinationId, Error, Result, TenantId, Timestamp};
+
+/// A tenant: the owner of destinations and events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenant {
+    /// Chosen by whoever created it.
+    pub id: TenantId,
+    /// Free-form labels for operators; Sheaf does not interpret them.
+    pub metadata: BTreeMap<String, String>,
+    /// When it was first created.
+    pub created_at: Timestamp,
+    /// When it was last upserted.
+    pub updated_at: Timestamp,
+}
+
+/// What [`EntityStore::upsert_tenant`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantUpsert {
+    /// The tenant as stored afterwards.
+    pub tenant: Tenant,
+    /// `true` if the call created it, `false` if it updated an existing one.
+    pub created: bool,
+}
+
+/// How a destination receives events.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestinationKind {
+    /// A signed HTTP POST (Standard Webhooks).
+    Webhook,
+}
+
+impl DestinationKind {
+    /// The lower-case name used in the API and in stores' columns.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DestinationKind::Webhook => "webhook",
+        }
+    }
+}
+
+impl std::str::FromStr for DestinationKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "webhook" => Ok(DestinationKind::Webhook),
+            _ => Err(Error::invalid_input(format!(
+                "{s:?} is not a destination type"
+            ))),
+        }
+    }
+}
+
+/// Which topics a destination receives. Serialized as a JSON list: `["*"]` for all, or the topics.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Topics {
+    /// Every topic (`["*"]`).
+    All,
+    /// Only these topics: non-empty, sorted, without repeats or `*`.
+    Only(Vec<String>),
+}
+
+impl Topics {
+    /// Parses the API's list form: `["*"]` is [`Topics::All`]; otherwise every entry must pass
+    /// [`crate::validate_topic`]. An empty list, or `*` next to other topics, is
+    /// [`Error::InvalidInput`]. The list is sorted and deduplicated so equal filters compare equal.
+    pub fn from_list(list: Vec<String>) -> Result<Self> {
+        if list.iter().any(|t| t == "*") {
+            return if list.len() == 1 {
+                Ok(Topics::All)
+            } else {
+                Err(Error::invalid_input(
+                    "\"*\" must be the only entry of a topics filter",
+                ))
+            };
+        }
+        if list.is_empty() {
+            return Err(Error::invalid_input(
+                "a topics filter needs at least one entry",
+            ));
+        }
+        for topic in &list {
+            crate::validate_topic(topic)?;
+        }
+        let mut list = list;
+        list.sort();
+        list.dedup();
+        Ok(Topics::Only(list))
+    }
+
+    /// The API's list form.
+    pub fn to_list(&self) -> Vec<String> {
+        match self {
+            Topics::All => vec!["*".to_owned()],
+            Topics::Only(topics) => topics.clone(),
+        }
+    }
+
+    /// Whether an event with `topic` goes to a destination with this filter.
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            Topics::All => true,
+            Topics::Only(topics) => topics.iter().any(|t| t == topic),
+        }
+    }
+}
+
+impl Serialize for Topics {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_list().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Topics {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let list = Vec::<String>::deserialize(deserializer)?;
+        Topics::from_list(list).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A signing secret (Standard Webhooks: `whsec_` followed by base64). `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret. The store does not generate secrets (the service does, with its own
+    /// random source); it only requires one to be non-empty.
+    pub fn new(secret: impl Into<String>) -> Result<Self> {
+        let secret = secret.into();
+        if secret.is_empty() {
+            return Err(Error::invalid_input("a secret must not be empty"));
+        }
+        Ok(Secret(secret))
+    }
+
+    /// The secret itself, for signing and for storing.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The secret a rotation replaced, still valid until `expires_at` so receivers can switch over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousSecret {
+    /// The replaced secret.
+    pub secret: Secret,
+    /// When it stops being used to sign.
+    pub expires_at: Timestamp,
+}
+
+/// Where a tenant's events are delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Destination {
+    /// Generated when it is created; unique across tenants.
+    pub id: DestinationId,
+    /// Its owner.
+    pub tenant_id: TenantId,
+    /// How it receives events.
+    pub kind: DestinationKind,
+    /// Where to POST. The service validates it (scheme, private addresses); the store keeps it.
+    pub url: String,
+    /// Which events it receives.
+    pub topics: Topics,
+    /// Extra HTTP headers sent with every delivery, by name.
+    pub headers: BTreeMap<String, String>,
+    /// Disabled destinations keep their configuration but receive nothing.
+    pub enabled: bool,
+    /// The current signing secret.
+    pub secret: Secret,
+    /// The secret before the last rotation, while it is still valid.
+    pub previous_secret: Option<PreviousSecret>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it was last changed (patched, enabled, disabled or rotated).
+    pub updated_at: Timestamp,
+}
+
+impl Destination {
+    /// The secrets to sign with at `now`: the current one, then the previous one if it has not
+    /// expired (Standard Webhooks sends one signature per secret during a rotation).
+    pub fn signing_secrets(&self, now: Timestamp) -> Vec<&Secret> {
+        let mut secrets = vec![&self.secret];
+        if let Some(previous) = &self.previous_secret
+            && previous.expires_at > now
+        {
+            secrets.push(&previous.secret);
+        }
+        secrets
+    }
+}
+
+/// A partial update of a destination: `None` fields stay as they are.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DestinationPatch {
+    /// A new URL.
+    pub url: Option<String>,
+    /// A new topics filter.
+    pub topics: Option<Topics>,
+    /// A new set of custom headers (replacing the old set whole).
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Enable or disable.
+    pub enabled: Option<bool>,
+}
+
+impl DestinationPatch {
+    /// A patch that only enables or disables.
+    pub fn enabled(enabled: bool) -> Self {
+        DestinationPatch {
+            enabled: Some(enabled),
+            ..Default::default()
+        }
+    }
+}
+
+/// Tenants and destinations: small, rarely written, read through the service's cache.
+///
+/// Getters return `Ok(None)` for something that does not exist; mutations of something that does
+/// not exist return [`Error::NotFound`]. A destination is only reachable through its own tenant:
+/// naming it with another tenant is the same as naming one that does not exist.
+#[async_trait]
+pub trait EntityStore: fmt::Debug + Send + Sync + 'static {
+    /// Creates the tenant, or replaces the metadata of an existing one (keeping its `created_at`).
+    /// The store sets `created_at` and `updated_at` from its clock.
+    async fn upsert_tenant(
+        &self,
+        id: &TenantId,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<TenantUpsert>;
+
+    /// The tenant, or `None`.
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>>;
+
+    /// Deletes the tenant and all its destinations, atomically. [`Error::NotFound`] if it does
+    /// not exist. (The log and the queue are cleaned separately: log retention, and
+    /// [`crate::JobQueue::purge_tenant`].)
+    async fn delete_tenant(&self, id: &TenantId) -> Result<()>;
+
+    /// Stores a new destination exactly as given (the caller generates the id and the secret and
+    /// sets the times). [`Error::NotFound`] if its tenant does not exist; [`Error::Conflict`] if its
+    /// id is taken, in any tenant.
+    async fn create_destination(&self, destination: &Destination) -> Result<()>;
+
+    /// The tenant's destination, or `None` (also when the id belongs to another tenant).
+    async fn get_destination(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+    ) -> Result<Option<Destination>>;
+
+    /// All the tenant's destinations, oldest first (by id, which sorts by creation time). Empty for
+    /// a tenant that does not exist. A tenant has few destinations, so there is no paging.
+    async fn list_destinations(&self, tenant: &TenantId) -> Result<Vec<Destination>>;
+
+    /// Applies `patch` atomically (no read-modify-write race between two patches), sets
+    /// `updated_at` from the store's clock, and returns the destination as stored afterwards.
+    /// [`Error::NotFound`] if the tenant has no such destination.
+    async fn update_destination(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+        patch: &DestinationPatch,
+    ) -> Result<Destination>;
+
+    /// Makes `new_secret` the signing secret and keeps the one it replaces as the previous secret
+    /// until `previous_expires_at` (replacing any older previous secret), atomically; sets
+    /// `updated_at` and returns the destination as stored afterwards. [`Error::NotFound`] if the
+    /// tenant has no such destination.
+    async fn rotate_secret(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+        new_secret: &Secret,
+        previous_expires_at: Timestamp,
+    ) -> Result<Destination>;
+
+    /// Deletes the destination. [`Error::NotFound`] if the tenant has no such destination.
+    async fn delete_destination(&self, tenant: &TenantId, id: &DestinationId) -> Result<()>;
+
+    /// Whether the store is reachable, for readiness checks. The default says yes.
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+}
