@@ -4,8 +4,22 @@ use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The workspace root (the parent of this crate's manifest directory).
+/// The workspace root: the nearest directory at or above the current one whose
+/// `Cargo.toml` declares `[workspace]`, else the one this binary was built from.
+///
+/// Found at run time on purpose: two checkouts that share one `CARGO_TARGET_DIR` share
+/// one `target/debug/xtask`, and a root baked in at compile time would make one
+/// checkout's `cargo xtask` manage the other's servers.
 pub fn workspace_root() -> PathBuf {
+    let is_root = |dir: &Path| {
+        std::fs::read_to_string(dir.join("Cargo.toml"))
+            .is_ok_and(|manifest| manifest.lines().any(|l| l.trim() == "[workspace]"))
+    };
+    if let Ok(cwd) = std::env::current_dir()
+        && let Some(root) = cwd.ancestors().find(|dir| is_root(dir))
+    {
+        return root.to_path_buf();
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")

@@ -73,7 +73,11 @@ pub fn stop(which: Started) -> anyhow::Result<()> {
     // Stop both even if the first fails, then report the first failure.
     let ch = if which.clickhouse { clickhouse::down() } else { Ok(()) };
     let pg = if which.postgres { postgres::down() } else { Ok(()) };
-    let _ = std::fs::remove_file(env_file());
+    // The env file describes running servers: it goes once one of them may be gone,
+    // and stays when nothing was stopped (another session still uses it).
+    if which.clickhouse || which.postgres {
+        let _ = std::fs::remove_file(env_file());
+    }
     ch.context("clickhouse")?;
     pg.context("postgres")?;
     Ok(())
