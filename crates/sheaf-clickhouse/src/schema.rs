@@ -1,0 +1,151 @@
+//! The versioned schema: each migration is a list of idempotent statements, recorded in
+//! `schema_migrations` once applied, plus the retention TTL, which follows the configuration
+//! on every [`migrate`](crate::ClickHouseLogStore::migrate).
+//!
+//! Why the tables look the way they do is in the crate documentation.
+
+/// One step of the schema. Statements name the database as `{db}`, replaced by the configured
+/// (validated) database name, and each one is safe to run again (`IF NOT EXISTS`), so a
+/// migration interrupted half-way, or run by two processes at once, converges.
+pub(crate) struct Migration {
+    /// Applied in increasing order; never reused.
+    pub version: u32,
+    /// What it does, recorded with the version.
+    pub name: &'static str,
+    /// The statements, in order.
+    pub statements: &'static [&'static str],
+}
+
+/// Every migration, oldest first. Append only: an applied migration is never edited, a change
+/// is a new version.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "events table",
+        statements: &[r"
+CREATE TABLE IF NOT EXISTS {db}.events
+(
+    tenant_id LowCardinality(String),
+    event_id String,
+    topic LowCardinality(String),
+    event_time DateTime64(6, 'UTC'),
+    data String,
+    PROJECTION by_tenant_time
+    (
+        SELECT tenant_id, event_time, event_id, topic
+        ORDER BY tenant_id, event_time, event_id
+    )
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(event_time)
+ORDER BY (tenant_id, event_id)
+SETTINGS index_granularity = 256, index_granularity_bytes = 65536,
+    deduplicate_merge_projection_mode = 'rebuild'"],
+    },
+    Migration {
+        version: 2,
+        name: "attempts table",
+        statements: &[r"
+CREATE TABLE IF NOT EXISTS {db}.attempts
+(
+    tenant_id LowCardinality(String),
+    event_id String,
+    destination_id UUID,
+    attempt_time DateTime64(6, 'UTC'),
+    attempt_id UUID,
+    number UInt32,
+    status Enum8('failed' = 0, 'success' = 1),
+    trigger Enum8('scheduled' = 0, 'manual' = 1),
+    response_code Nullable(UInt16),
+    duration_ms UInt32,
+    response_body Nullable(String),
+    error Nullable(String),
+    event_topic LowCardinality(String),
+    event_data String,
+    INDEX attempt_id_bloom attempt_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    PROJECTION by_tenant_time
+    (
+        SELECT tenant_id, attempt_time, attempt_id, event_id, destination_id, status, event_topic
+        ORDER BY tenant_id, attempt_time, attempt_id
+    )
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(attempt_time)
+ORDER BY (tenant_id, event_id, destination_id, attempt_time, attempt_id)
+SETTINGS index_granularity = 256, index_granularity_bytes = 65536,
+    deduplicate_merge_projection_mode = 'rebuild'"],
+    },
+];
+
+/// Where applied versions are recorded. A version may be recorded twice when two processes
+/// migrate at once; both ran idempotent statements, so that is harmless.
+pub(crate) const CREATE_MIGRATIONS_TABLE: &str = r"
+CREATE TABLE IF NOT EXISTS {db}.schema_migrations
+(
+    version UInt32,
+    name String,
+    applied_at DateTime64(6, 'UTC') DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+ORDER BY version";
+
+/// The tables with a retention TTL, and the time column each expires by.
+pub(crate) const RETAINED_TABLES: &[(&str, &str)] =
+    &[("events", "event_time"), ("attempts", "attempt_time")];
+
+/// `statement` with the database filled in.
+pub(crate) fn render(statement: &str, database: &str) -> String {
+    statement.replace("{db}", database)
+}
+
+/// The TTL expression for `column` kept for `seconds`, as the server prints it back in
+/// `system.tables.engine_full` (so [`ttl_is_current`] can compare).
+pub(crate) fn ttl_expression(column: &str, seconds: u64) -> String {
+    format!("toDateTime({column}) + toIntervalSecond({seconds})")
+}
+
+/// Whether a table's `engine_full` already carries exactly the wanted TTL (or none, when none
+/// is wanted).
+pub(crate) fn ttl_is_current(engine_full: &str, wanted: Option<&str>) -> bool {
+    match wanted {
+        Some(expression) => engine_full.contains(&format!("TTL {expression}")),
+        None => !engine_full.contains(" TTL "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_increase_and_statements_are_idempotent() {
+        let mut last = 0;
+        for migration in MIGRATIONS {
+            assert!(migration.version > last, "{}", migration.name);
+            last = migration.version;
+            for statement in migration.statements {
+                assert!(
+                    statement.contains("IF NOT EXISTS"),
+                    "{}: {statement}",
+                    migration.name
+                );
+                assert!(statement.contains("{db}."));
+            }
+        }
+    }
+
+    #[test]
+    fn ttl_comparison() {
+        let wanted = ttl_expression("attempt_time", 86400);
+        let with_ttl = format!(
+            "ReplacingMergeTree PARTITION BY toYYYYMM(attempt_time) ORDER BY (a) TTL {wanted} SETTINGS index_granularity = 256"
+        );
+        assert!(ttl_is_current(&with_ttl, Some(&wanted)));
+        assert!(!ttl_is_current(&with_ttl, None));
+        let other = ttl_expression("attempt_time", 3600);
+        assert!(!ttl_is_current(&with_ttl, Some(&other)));
+        let without = "ReplacingMergeTree ORDER BY (a) SETTINGS index_granularity = 256";
+        assert!(ttl_is_current(without, None));
+        assert!(!ttl_is_current(without, Some(&wanted)));
+    }
+}
