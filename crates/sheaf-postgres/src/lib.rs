@@ -1,0 +1,117 @@
+//! Sheaf's stores on Postgres (sqlx): the [`LogStore`], the [`JobQueue`] and the
+//! [`EntityStore`] of `sheaf-store`, with their migrations embedded.
+//!
+//! ```text
+//! let stores = PostgresStores::new(PostgresConfig::new(url))?; // no I/O yet
+//! stores.migrate().await?;                                      // creates or updates the schema
+//! let log: Arc<dyn LogStore> = stores.log_store();
+//! let queue: Arc<dyn JobQueue> = stores.job_queue();
+//! let entities: Arc<dyn EntityStore> = stores.entity_store();
+//! ```
+//!
+//! - **One schema** ([`PostgresConfig::schema`], `sheaf` by default) holds every table; each
+//!   statement names its tables with the schema, so several Sheaf deployments (or test runs) can
+//!   share a database without sharing state.
+//! - **Log**: `events` and `attempts`; a batch is one `INSERT … SELECT FROM unnest(…)` statement,
+//!   and the batched latest-attempt lookup is one `LATERAL` statement, one index probe per key
+//!   (seed 000). See `migrations/0001_log.sql` for the indexes and why each exists.
+//! - **Queue**: seed 002's design; see [`PostgresJobQueue`] and `migrations/0002_queue.sql`.
+//! - **Entities**: `tenants` and `destinations`, secrets stored as given.
+//! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
+//!   server is [`sheaf_store::Error::Unavailable`], never a panic.
+//!
+//! No transaction is ever held while a caller works: every trait call is one statement (a
+//! latest-attempt call over more than 1,000 distinct keys is split into statements of 1,000), and
+//! only [`PostgresStores::migrate`] opens a transaction of its own.
+
+mod config;
+mod db;
+mod entity;
+mod error;
+mod log;
+mod migrate;
+mod queue;
+
+use std::sync::Arc;
+
+use sheaf_store::{EntityStore, JobQueue, LogStore, Result};
+use sqlx::PgPool;
+
+pub use config::{DEFAULT_SCHEMA, PostgresConfig};
+pub use entity::PostgresEntityStore;
+pub use log::PostgresLogStore;
+pub use queue::PostgresJobQueue;
+
+use crate::db::Db;
+
+/// The three stores over one connection pool and one schema.
+#[derive(Debug, Clone)]
+pub struct PostgresStores {
+    db: Db,
+    schema: String,
+    log: PostgresLogStore,
+    queue: PostgresJobQueue,
+    entities: PostgresEntityStore,
+}
+
+impl PostgresStores {
+    /// Validates `config` and builds the pool, which connects on first use: no I/O happens here,
+    /// so a process may start before its database answers (each call then fails as
+    /// `Unavailable` until it does). [`Error::InvalidInput`](sheaf_store::Error::InvalidInput)
+    /// names a field that cannot work. Must be called inside a tokio runtime.
+    pub fn new(config: PostgresConfig) -> Result<Self> {
+        let pool = config.pool()?;
+        let db = Db::new(pool, &config.schema);
+        Ok(PostgresStores {
+            log: PostgresLogStore::new(db.clone()),
+            queue: PostgresJobQueue::new(db.clone()),
+            entities: PostgresEntityStore::new(db.clone()),
+            schema: config.schema,
+            db,
+        })
+    }
+
+    /// Creates the schema if needed and applies the embedded migrations it lacks; returns the
+    /// versions applied (empty when it was up to date). Safe to call from several processes at
+    /// once: they take turns, and each migration is applied once.
+    pub async fn migrate(&self) -> Result<Vec<i64>> {
+        migrate::run(&self.db.pool, &self.schema).await
+    }
+
+    /// The log store, as the service uses it.
+    pub fn log_store(&self) -> Arc<dyn LogStore> {
+        Arc::new(self.log.clone())
+    }
+
+    /// The job queue, as the service uses it.
+    pub fn job_queue(&self) -> Arc<dyn JobQueue> {
+        Arc::new(self.queue.clone())
+    }
+
+    /// The entity store, as the service uses it.
+    pub fn entity_store(&self) -> Arc<dyn EntityStore> {
+        Arc::new(self.entities.clone())
+    }
+
+    /// The log store with its Postgres-only extras (e.g.
+    /// [`PostgresLogStore::explain_latest_attempts`]).
+    pub fn postgres_log_store(&self) -> &PostgresLogStore {
+        &self.log
+    }
+
+    /// The schema the stores use.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The connection pool, for health metrics and for tests that inspect the server.
+    pub fn pool(&self) -> &PgPool {
+        &self.db.pool
+    }
+
+    /// Closes the pool: waits for connections in use to come back, then closes every one.
+    /// Later calls on any of the stores fail as `Unavailable`.
+    pub async fn close(&self) {
+        self.db.pool.close().await;
+    }
+}

@@ -1,0 +1,551 @@
+//! [`PostgresJobQueue`]: seed 002's queue. Minimal job rows, a single-statement claim with
+//! `FOR UPDATE SKIP LOCKED`, leases instead of held transactions, and every outcome one statement
+//! per batch, guarded by the lease.
+//!
+//! # Leases on the server's clock
+//!
+//! A claim sets `claimed_until = now() + lease` with the database's `now()`, and the pair
+//! `(id, claimed_until)` is the lease (sheaf_store's `queue` module docs). Every outcome joins its
+//! batch of leases (arrays, `unnest`) to the job rows on **both** columns, so a lease that no
+//! longer matches (the job was re-claimed, completed or purged) changes nothing, and the ids it
+//! did not touch are reported lost. A new `claimed_until` is always later than the row's old one
+//! (`GREATEST(now() + lease, claimed_until + 1 µs)`), so a lease is never handed out twice even if
+//! the server's clock steps back or a renewal asks for a shorter lease.
+//!
+//! # What stays HOT
+//!
+//! Claims, renewals and releases write only `claimed_until`, which is in no index: they are HOT
+//! updates (the table has `fillfactor = 85`). Reschedules move the indexed `next_due_at` and are
+//! not; completions and dead letters delete the row.
+//!
+//! Nothing here opens a transaction: each call is one statement, so no lock or snapshot is held
+//! while a job's work runs, and no savepoint ever mints a MultiXact (seed 002).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sheaf_store::{
+    ClaimedJob, Cursor, DeadLetter, DeadLetterRequest, DestinationId, EventId, Job, JobId,
+    JobQueue, Lease, Page, PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId,
+    validate_job, validate_lease,
+};
+use sqlx::postgres::PgRow;
+
+use crate::db::{Db, get, get_opt_time, get_time, get_u32, micros, pg_text};
+use crate::error::from_sqlx;
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The job columns a claim returns and a dead letter keeps.
+const JOB_COLUMNS: &str =
+    "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time";
+
+#[derive(Debug)]
+struct Statements {
+    enqueue: String,
+    claim: String,
+    renew: String,
+    complete: String,
+    reschedule: String,
+    dead_letter: String,
+    release: String,
+    depth: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(s: &str) -> Self {
+        // Outcomes join the leases on (id, claimed_until): the lease guard.
+        let leases = "unnest($1::uuid[], $2::timestamptz[]) AS l(id, claimed_until)";
+        let held = "j.id = l.id AND j.claimed_until = l.claimed_until";
+        // Exact microseconds: `$n * interval '1 microsecond'`, never float seconds.
+        let lease_end = |p: usize| {
+            format!(
+                "GREATEST(now() + ${p}::bigint * interval '1 microsecond', \
+                          j.claimed_until + interval '1 microsecond')"
+            )
+        };
+        Statements {
+            // A dead-lettered id stays taken. (A dead letter committing between this statement's
+            // snapshot and its insert could let the id in again; that needs an enqueue retried at
+            // the very moment its job is given up on, and would deliver once more, not lose.)
+            enqueue: format!(
+                "INSERT INTO {s}.jobs ({JOB_COLUMNS}, next_due_at)
+                 SELECT u.* FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[],
+                                        $5::bigint[], $6::timestamptz[], $7::timestamptz[])
+                                 AS u(id, tenant_id, event_id, destination_id, attempt_number,
+                                      last_attempt_time, next_due_at)
+                 WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = u.id)
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            // Seed 002's claim, one statement: pick due, unheld jobs in (next_due_at, id) order
+            // from the `jobs_due` index, skip rows another claimer has locked, stamp the lease.
+            claim: format!(
+                "UPDATE {s}.jobs AS j SET claimed_until = {}
+                 FROM (SELECT id FROM {s}.jobs
+                       WHERE next_due_at <= now()
+                         AND (claimed_until IS NULL OR claimed_until < now())
+                       ORDER BY next_due_at, id
+                       LIMIT $1
+                       FOR UPDATE SKIP LOCKED) AS picked
+                 WHERE j.id = picked.id
+                 RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                           j.last_attempt_time, j.next_due_at, j.claimed_until",
+                lease_end(2)
+            ),
+            renew: format!(
+                "UPDATE {s}.jobs AS j SET claimed_until = {}
+                 FROM {leases} WHERE {held}
+                 RETURNING j.id, l.claimed_until AS old_until, j.claimed_until AS new_until",
+                lease_end(3)
+            ),
+            complete: format!(
+                "DELETE FROM {s}.jobs AS j USING {leases} WHERE {held}
+                 RETURNING j.id, l.claimed_until AS old_until"
+            ),
+            reschedule: format!(
+                "UPDATE {s}.jobs AS j
+                 SET next_due_at = l.due_at, attempt_number = l.attempt_number,
+                     last_attempt_time = l.last_attempt_time, claimed_until = NULL
+                 FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::bigint[],
+                             $5::timestamptz[])
+                      AS l(id, claimed_until, due_at, attempt_number, last_attempt_time)
+                 WHERE {held}
+                 RETURNING j.id, l.claimed_until AS old_until"
+            ),
+            // Moved, not copied: the delete and the insert commit together.
+            dead_letter: format!(
+                "WITH gone AS (
+                     DELETE FROM {s}.jobs AS j
+                     USING unnest($1::uuid[], $2::timestamptz[], $3::text[])
+                           AS l(id, claimed_until, reason)
+                     WHERE {held}
+                     RETURNING j.*, l.reason, l.claimed_until AS old_until
+                 ), kept AS (
+                     INSERT INTO {s}.dead_letters ({JOB_COLUMNS}, due_at, reason, dead_lettered_at)
+                     SELECT {JOB_COLUMNS}, next_due_at, reason, now() FROM gone
+                     ON CONFLICT (id) DO NOTHING
+                 )
+                 SELECT id, old_until FROM gone"
+            ),
+            release: format!(
+                "UPDATE {s}.jobs AS j SET claimed_until = NULL FROM {leases} WHERE {held}
+                 RETURNING j.id, l.claimed_until AS old_until"
+            ),
+            // One pass over the (small) queue table, all states at one `now()`.
+            depth: format!(
+                "SELECT count(*) FILTER (WHERE claimed_until >= now()) AS claimed,
+                        count(*) FILTER (WHERE (claimed_until IS NULL OR claimed_until < now())
+                                           AND next_due_at <= now()) AS due,
+                        count(*) FILTER (WHERE (claimed_until IS NULL OR claimed_until < now())
+                                           AND next_due_at > now()) AS scheduled,
+                        (SELECT count(*) FROM {s}.dead_letters) AS dead_lettered
+                 FROM {s}.jobs"
+            ),
+            purge: format!(
+                "WITH jobs_gone AS (DELETE FROM {s}.jobs WHERE tenant_id = $1 RETURNING 1),
+                      dead_gone AS (DELETE FROM {s}.dead_letters WHERE tenant_id = $1 RETURNING 1)
+                 SELECT (SELECT count(*) FROM jobs_gone) + (SELECT count(*) FROM dead_gone)
+                        AS removed"
+            ),
+        }
+    }
+}
+
+/// The job queue on Postgres. Cheap to clone; every clone shares the pool. Its clock is the
+/// database server's.
+#[derive(Clone)]
+pub struct PostgresJobQueue {
+    db: Db,
+    sql: std::sync::Arc<Statements>,
+}
+
+impl fmt::Debug for PostgresJobQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresJobQueue")
+            .field("schema", &self.db.schema())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The distinct leases of `items` (a lease given twice counts once), sorted by job id so that
+/// concurrent batches lock rows in the same order, with the position each first appeared at.
+fn distinct_leases<T>(items: &[T], lease_of: impl Fn(&T) -> Lease) -> Vec<(usize, &T)> {
+    let mut seen = HashSet::with_capacity(items.len());
+    let mut unique: Vec<(usize, &T)> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| seen.insert(lease_of(item)))
+        .collect();
+    unique.sort_by_key(|(i, item)| (lease_of(item).job_id, *i));
+    unique
+}
+
+/// The ids of the leases in `unique` that the statement did not apply (it returned `applied`),
+/// in the order the caller gave them.
+fn lost_ids(unique: &[Lease], applied: &HashSet<Lease>, order: &[usize]) -> Vec<JobId> {
+    let mut lost: Vec<(usize, JobId)> = unique
+        .iter()
+        .zip(order)
+        .filter(|(lease, _)| !applied.contains(lease))
+        .map(|(lease, &at)| (at, lease.job_id))
+        .collect();
+    lost.sort_by_key(|(at, _)| *at);
+    lost.into_iter().map(|(_, id)| id).collect()
+}
+
+/// The `(id, old_until)` pairs an outcome statement returned, as the leases it applied.
+fn applied_leases(rows: &[PgRow]) -> Result<HashSet<Lease>> {
+    rows.iter()
+        .map(|row| {
+            Ok(Lease {
+                job_id: JobId::from_uuid(get(row, "id")?),
+                claimed_until: get_time(row, "old_until")?,
+            })
+        })
+        .collect()
+}
+
+fn job_from_row(row: &PgRow, due_column: &str) -> Result<Job> {
+    Ok(Job {
+        id: JobId::from_uuid(get(row, "id")?),
+        tenant_id: TenantId::new(get::<String>(row, "tenant_id")?)?,
+        event_id: EventId::new(get::<String>(row, "event_id")?)?,
+        destination_id: DestinationId::from_uuid(get(row, "destination_id")?),
+        attempt_number: get_u32(row, "attempt_number")?,
+        last_attempt_time: get_opt_time(row, "last_attempt_time")?,
+        due_at: get_time(row, due_column)?,
+    })
+}
+
+fn count(row: &PgRow, name: &str) -> Result<u64> {
+    let n: i64 = get(row, name)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+impl PostgresJobQueue {
+    pub(crate) fn new(db: Db) -> Self {
+        let sql = std::sync::Arc::new(Statements::new(db.schema()));
+        PostgresJobQueue { db, sql }
+    }
+
+    /// Runs an outcome statement whose first two parameters are the lease arrays, binding the
+    /// rest with `bind_rest`, and returns the lost ids in the caller's order.
+    async fn outcome<'s, T: Sync>(
+        &'s self,
+        doing: &str,
+        sql: &'s str,
+        items: &[T],
+        lease_of: impl Fn(&T) -> Lease,
+        bind_rest: impl FnOnce(PgQuery<'s>, &[&T]) -> PgQuery<'s>,
+    ) -> Result<Vec<JobId>> {
+        let unique = distinct_leases(items, &lease_of);
+        if unique.is_empty() {
+            return Ok(Vec::new());
+        }
+        let order: Vec<usize> = unique.iter().map(|(at, _)| *at).collect();
+        let records: Vec<&T> = unique.iter().map(|(_, item)| *item).collect();
+        let leases: Vec<Lease> = records.iter().map(|item| lease_of(item)).collect();
+        let query = sqlx::query(sql)
+            .bind(
+                leases
+                    .iter()
+                    .map(|l| l.job_id.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                leases
+                    .iter()
+                    .map(|l| l.claimed_until.as_datetime())
+                    .collect::<Vec<_>>(),
+            );
+        let rows = bind_rest(query, &records)
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx(doing, e))?;
+        let applied = applied_leases(&rows)?;
+        Ok(lost_ids(&leases, &applied, &order))
+    }
+}
+
+#[async_trait]
+impl JobQueue for PostgresJobQueue {
+    async fn enqueue(&self, jobs: &[Job]) -> Result<()> {
+        for job in jobs {
+            validate_job(job)?;
+        }
+        let mut seen = HashSet::with_capacity(jobs.len());
+        let mut unique: Vec<&Job> = jobs.iter().filter(|j| seen.insert(j.id)).collect();
+        if unique.is_empty() {
+            return Ok(());
+        }
+        // Sorted by id: concurrent enqueues of overlapping jobs take locks in the same order.
+        unique.sort_by_key(|j| j.id);
+        sqlx::query(&self.sql.enqueue)
+            .bind(unique.iter().map(|j| j.id.as_uuid()).collect::<Vec<_>>())
+            .bind(
+                unique
+                    .iter()
+                    .map(|j| j.tenant_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|j| j.event_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|j| j.destination_id.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|j| i64::from(j.attempt_number))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|j| j.last_attempt_time.map(|t| t.as_datetime()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|j| j.due_at.as_datetime())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("enqueueing jobs", e))?;
+        Ok(())
+    }
+
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<ClaimedJob>> {
+        validate_lease(lease)?;
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(&self.sql.claim)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(micros(lease))
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("claiming jobs", e))?;
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                let job = job_from_row(row, "next_due_at")?;
+                let lease = Lease {
+                    job_id: job.id,
+                    claimed_until: get_time(row, "claimed_until")?,
+                };
+                Ok(ClaimedJob { job, lease })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // RETURNING follows no order; the trait's is (due_at, id).
+        claimed.sort_by_key(|c| (c.job.due_at, c.job.id));
+        Ok(claimed)
+    }
+
+    async fn renew(&self, leases: &[Lease], lease: Duration) -> Result<Renewed> {
+        validate_lease(lease)?;
+        let unique = distinct_leases(leases, |l| *l);
+        if unique.is_empty() {
+            return Ok(Renewed::default());
+        }
+        let order: Vec<usize> = unique.iter().map(|(at, _)| *at).collect();
+        let old: Vec<Lease> = unique.iter().map(|(_, l)| **l).collect();
+        let rows = sqlx::query(&self.sql.renew)
+            .bind(old.iter().map(|l| l.job_id.as_uuid()).collect::<Vec<_>>())
+            .bind(
+                old.iter()
+                    .map(|l| l.claimed_until.as_datetime())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(micros(lease))
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("renewing leases", e))?;
+        let mut renewed: HashMap<Lease, Lease> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let job_id = JobId::from_uuid(get(row, "id")?);
+            let before = Lease {
+                job_id,
+                claimed_until: get_time(row, "old_until")?,
+            };
+            let after = Lease {
+                job_id,
+                claimed_until: get_time(row, "new_until")?,
+            };
+            renewed.insert(before, after);
+        }
+        let applied: HashSet<Lease> = renewed.keys().copied().collect();
+        let lost = lost_ids(&old, &applied, &order);
+        let mut in_order: Vec<(usize, Lease)> = old
+            .iter()
+            .zip(&order)
+            .filter_map(|(l, &at)| renewed.get(l).map(|new| (at, *new)))
+            .collect();
+        in_order.sort_by_key(|(at, _)| *at);
+        Ok(Renewed {
+            leases: in_order.into_iter().map(|(_, l)| l).collect(),
+            lost,
+        })
+    }
+
+    async fn complete(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
+        self.outcome(
+            "completing jobs",
+            &self.sql.complete,
+            leases,
+            |l| *l,
+            |q, _| q,
+        )
+        .await
+    }
+
+    async fn reschedule(&self, jobs: &[Reschedule]) -> Result<Vec<JobId>> {
+        self.outcome(
+            "rescheduling jobs",
+            &self.sql.reschedule,
+            jobs,
+            |r| r.lease,
+            |q, records| {
+                q.bind(
+                    records
+                        .iter()
+                        .map(|r| r.due_at.as_datetime())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    records
+                        .iter()
+                        .map(|r| i64::from(r.attempt_number))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    records
+                        .iter()
+                        .map(|r| r.last_attempt_time.map(|t| t.as_datetime()))
+                        .collect::<Vec<Option<DateTime<Utc>>>>(),
+                )
+            },
+        )
+        .await
+    }
+
+    async fn dead_letter(&self, jobs: &[DeadLetterRequest]) -> Result<Vec<JobId>> {
+        self.outcome(
+            "dead-lettering jobs",
+            &self.sql.dead_letter,
+            jobs,
+            |r| r.lease,
+            |q, records| {
+                q.bind(
+                    records
+                        .iter()
+                        .map(|r| pg_text(&r.reason))
+                        .collect::<Vec<_>>(),
+                )
+            },
+        )
+        .await
+    }
+
+    async fn release(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
+        self.outcome(
+            "releasing jobs",
+            &self.sql.release,
+            leases,
+            |l| *l,
+            |q, _| q,
+        )
+        .await
+    }
+
+    async fn depth(&self) -> Result<QueueDepth> {
+        let row = sqlx::query(&self.sql.depth)
+            .fetch_one(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("measuring the queue", e))?;
+        Ok(QueueDepth {
+            due: count(&row, "due")?,
+            scheduled: count(&row, "scheduled")?,
+            claimed: count(&row, "claimed")?,
+            dead_lettered: count(&row, "dead_lettered")?,
+        })
+    }
+
+    async fn list_dead_letters(
+        &self,
+        tenant: &TenantId,
+        page: &PageRequest,
+    ) -> Result<Page<DeadLetter>> {
+        page.validate()?;
+        let cursor = match &page.cursor {
+            Some(cursor) => Some((cursor.time(), JobId::from_str(cursor.id())?)),
+            None => None,
+        };
+        let s = self.db.schema();
+        let select = format!(
+            "SELECT {JOB_COLUMNS}, due_at, reason, dead_lettered_at FROM {s}.dead_letters
+             WHERE tenant_id = $1"
+        );
+        let order = "ORDER BY dead_lettered_at DESC, id DESC LIMIT";
+        let limit = i64::from(page.limit) + 1;
+        let sql = match &cursor {
+            None => format!("{select} {order} $2"),
+            Some(_) => format!("{select} AND (dead_lettered_at, id) < ($3, $4) {order} $2"),
+        };
+        let mut query = sqlx::query(&sql).bind(tenant.as_str()).bind(limit);
+        if let Some((time, id)) = &cursor {
+            query = query.bind(time.as_datetime()).bind(id.as_uuid());
+        }
+        let rows = query
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("listing dead letters", e))?;
+        let mut items = rows
+            .iter()
+            .map(|row| {
+                Ok(DeadLetter {
+                    job: job_from_row(row, "due_at")?,
+                    reason: get(row, "reason")?,
+                    dead_lettered_at: get_time(row, "dead_lettered_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let limit = page.limit_usize();
+        let next = if items.len() > limit {
+            items.truncate(limit);
+            items
+                .last()
+                .map(|d| Cursor::new(d.dead_lettered_at, d.job.id.to_string()))
+        } else {
+            None
+        };
+        Ok(Page { items, next })
+    }
+
+    async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {
+        let row = sqlx::query(&self.sql.purge)
+            .bind(tenant.as_str())
+            .fetch_one(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("purging a tenant's jobs", e))?;
+        count(&row, "removed")
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.db.ping("job queue").await
+    }
+}

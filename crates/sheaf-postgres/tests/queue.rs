@@ -1,0 +1,208 @@
+//! What the Postgres queue promises beyond the shared suite: exclusive claims under real
+//! concurrency, a vanished claimer's jobs coming back on the server's clock, HOT claims and
+//! renewals.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sheaf_postgres::PostgresStores;
+use sheaf_store::testkit::fixtures::{job, shift, unique_tenant};
+use sheaf_store::{ClaimedJob, Job, JobId, JobQueue, Lease, QueueDepth, Timestamp};
+use sheaf_testenv::require_postgres;
+
+use crate::support::{Gate, TestSchema, job_update_stats};
+
+/// Enqueues `n` jobs of one tenant, due over the last few seconds, in statements of 2,000.
+async fn enqueue_due(queue: &dyn JobQueue, n: usize) -> Vec<Job> {
+    let tenant = unique_tenant("pg-queue");
+    let now = Timestamp::now();
+    let jobs: Vec<Job> = (0..n)
+        .map(|i| job(&tenant, shift(now, -((i % 5_000) as i64) * 1_000)))
+        .collect();
+    for chunk in jobs.chunks(2_000) {
+        queue.enqueue(chunk).await.expect("enqueue");
+    }
+    jobs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_claimers_complete_20000_jobs_exactly_once() {
+    let url = require_postgres!("eight_claimers_complete_20000_jobs_exactly_once");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let queue = test.stores.job_queue();
+    let jobs = enqueue_due(&*queue, 20_000).await;
+
+    // Each claimer claims 10 at a time and completes each batch in one statement, as fast as it
+    // can: the most contention the claim sees. The lease outlives the test, so every claim a
+    // claimer holds is still valid when another claimer's claim runs.
+    let claimers: Vec<_> = (0..8)
+        .map(|_| {
+            let queue = Arc::clone(&queue);
+            tokio::spawn(async move {
+                let mut mine: Vec<ClaimedJob> = Vec::new();
+                loop {
+                    let batch = queue
+                        .claim(10, Duration::from_secs(300))
+                        .await
+                        .expect("claim");
+                    if batch.is_empty() {
+                        return mine;
+                    }
+                    let leases: Vec<Lease> = batch.iter().map(|c| c.lease).collect();
+                    let lost = queue.complete(&leases).await.expect("complete");
+                    assert!(lost.is_empty(), "a fresh lease was lost: {lost:?}");
+                    mine.extend(batch);
+                }
+            })
+        })
+        .collect();
+
+    let mut claims: HashMap<JobId, usize> = HashMap::new();
+    let mut per_claimer = Vec::new();
+    for claimer in claimers {
+        let mine = claimer.await.expect("a claimer panicked");
+        per_claimer.push(mine.len());
+        for claimed in mine {
+            *claims.entry(claimed.job.id).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = claims.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "jobs claimed twice while their lease held: {twice:?}"
+    );
+    assert_eq!(claims.len(), jobs.len(), "every job was claimed (once)");
+    for j in &jobs {
+        assert!(claims.contains_key(&j.id), "job {} was never claimed", j.id);
+    }
+    assert_eq!(
+        queue.depth().await.expect("depth"),
+        QueueDepth::default(),
+        "every job was completed"
+    );
+    println!("jobs per claimer: {per_claimer:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_claimers_jobs_return_after_the_lease_and_not_before() {
+    let url = require_postgres!("a_vanished_claimers_jobs_return_after_the_lease_and_not_before");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let queue = test.stores.job_queue();
+    let jobs = enqueue_due(&*queue, 40).await;
+
+    // Another process: its own pool over the same schema. It claims everything, then vanishes
+    // (its pool is closed and dropped) without completing or releasing anything.
+    let lease = Duration::from_secs(2);
+    let other = PostgresStores::new(TestSchema::config(&url).with_schema(test.schema.clone()))
+        .expect("config");
+    let taken = other.job_queue().claim(100, lease).await.expect("claim");
+    assert_eq!(taken.len(), jobs.len());
+    other.close().await;
+    drop(other);
+    let old: HashMap<JobId, Lease> = taken.iter().map(|c| (c.job.id, c.lease)).collect();
+
+    // Poll until every job has come back. Each claim that returns a job proves, on the server's
+    // clock, that it came after the old lease ran out: a claim's `claimed_until` is its `now()`
+    // plus the lease asked for, and that `now()` must be past the old `claimed_until`.
+    let new_lease = Duration::from_secs(60);
+    let started = tokio::time::Instant::now();
+    let mut empty_polls = 0;
+    let mut back: Vec<ClaimedJob> = Vec::new();
+    while back.len() < jobs.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "only {} of {} jobs came back within 20 s of a {lease:?} lease",
+            back.len(),
+            jobs.len()
+        );
+        let batch = queue.claim(100, new_lease).await.expect("claim");
+        if batch.is_empty() {
+            empty_polls += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        for claimed in &batch {
+            let before = old[&claimed.job.id];
+            let claimed_at = claimed
+                .lease
+                .claimed_until
+                .checked_sub(new_lease)
+                .expect("in range");
+            assert!(
+                claimed_at > before.claimed_until,
+                "job {} was claimed again at {claimed_at}, before its lease ran out at {}",
+                claimed.job.id,
+                before.claimed_until
+            );
+        }
+        back.extend(batch);
+    }
+    assert!(
+        empty_polls > 0,
+        "no claim was tried while the lease held (the machine stalled for {lease:?})"
+    );
+    println!(
+        "jobs came back after {:?} ({empty_polls} empty polls during the lease)",
+        started.elapsed()
+    );
+
+    // The vanished claimer's leases are lost for good; the new owner's hold.
+    let old_leases: Vec<Lease> = old.values().copied().collect();
+    assert_eq!(
+        queue.complete(&old_leases).await.expect("complete").len(),
+        jobs.len(),
+        "the vanished claimer's leases are lost"
+    );
+    let new_leases: Vec<Lease> = back.iter().map(|c| c.lease).collect();
+    assert!(
+        queue
+            .complete(&new_leases)
+            .await
+            .expect("complete")
+            .is_empty()
+    );
+    assert_eq!(queue.depth().await.expect("depth"), QueueDepth::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_and_renewals_are_hot_updates() {
+    let url = require_postgres!("claims_and_renewals_are_hot_updates");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let queue = test.stores.job_queue();
+    enqueue_due(&*queue, 1_000).await;
+
+    // 10,000 claims and renewals (and 5,000 releases, so the jobs can be claimed again): every
+    // one of them writes only `claimed_until`.
+    let lease = Duration::from_secs(60);
+    let mut claims_and_renewals = 0;
+    let mut releases = 0;
+    while claims_and_renewals < 10_000 {
+        let claimed = queue.claim(100, lease).await.expect("claim");
+        assert_eq!(claimed.len(), 100, "released jobs are claimable at once");
+        let leases: Vec<Lease> = claimed.iter().map(|c| c.lease).collect();
+        let renewed = queue.renew(&leases, lease).await.expect("renew");
+        assert!(renewed.lost.is_empty());
+        let lost = queue.release(&renewed.leases).await.expect("release");
+        assert!(lost.is_empty());
+        claims_and_renewals += claimed.len() + renewed.leases.len();
+        releases += renewed.leases.len();
+    }
+    // Closing the pool ends its backends, which flush their statistics as they exit.
+    test.stores.close().await;
+    let expected = i64::try_from(claims_and_renewals + releases).expect("small");
+    let (updates, hot) = job_update_stats(&test, expected).await;
+    let ratio = hot as f64 / updates as f64;
+    println!(
+        "job table: {updates} updates, {hot} HOT ({:.1} %)",
+        ratio * 100.0
+    );
+    assert!(
+        ratio >= 0.9,
+        "only {hot} of {updates} updates of the job table were HOT ({:.1} %)",
+        ratio * 100.0
+    );
+}

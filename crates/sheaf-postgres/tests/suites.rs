@@ -1,0 +1,33 @@
+//! The shared conformance and parity suites, run as every backend runs them, each in a schema of
+//! its own (the queue cases need a queue nobody else uses).
+
+use std::sync::Arc;
+
+use sheaf_store::LogStore;
+use sheaf_store::testkit::{conformance, parity};
+use sheaf_testenv::require_postgres;
+
+use crate::support::{Gate, TestSchema};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_run_all() {
+    let url = require_postgres!("conformance_run_all");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let stores = &test.stores;
+    conformance::run_all(
+        &*stores.log_store(),
+        &*stores.job_queue(),
+        &*stores.entity_store(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parity_of_the_postgres_log_store() {
+    let url = require_postgres!("parity_of_the_postgres_log_store");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let store: Arc<dyn LogStore> = test.stores.log_store();
+    parity::run(store, &parity::ParityConfig::from_env(), &[]).await;
+}
