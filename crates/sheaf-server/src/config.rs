@@ -1,0 +1,985 @@
+//! Configuration: every `SHEAF_*` setting, defined once in [`SETTINGS`], read from the
+//! environment and an optional TOML file (the environment wins).
+//!
+//! The table drives everything a person reads about a setting: `sheaf --help` prints it,
+//! a test checks that `docs/configuration.md` has one row per entry, and [`Config::load`]
+//! reads each value through it, so a setting cannot exist in the code without its name,
+//! default and meaning. An invalid value is refused with the setting's name.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sheaf_coalesce::{LookupConfig, WriteConfig};
+
+/// One setting: its variable name, default, what it means and which values it accepts.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The environment variable, e.g. `SHEAF_LISTEN`. In the TOML file the same setting is
+    /// the name without `SHEAF_`, lower-case (`listen`).
+    pub name: &'static str,
+    /// The default as written in the docs; `None` means unset.
+    pub default: Option<&'static str>,
+    /// What it does, one sentence.
+    pub meaning: &'static str,
+    /// What it accepts.
+    pub valid: &'static str,
+}
+
+impl Setting {
+    /// The key that sets it in the TOML file.
+    pub fn file_key(&self) -> String {
+        self.name
+            .strip_prefix("SHEAF_")
+            .unwrap_or(self.name)
+            .to_ascii_lowercase()
+    }
+}
+
+/// Every setting the service reads. Defaults cite where they come from; `Config::load` reads
+/// each of these names and no other.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: "SHEAF_CONFIG_FILE",
+        default: None,
+        meaning: "Path of a TOML file that sets any other setting by its name without `SHEAF_`, lower-case (`listen = \"127.0.0.1:8470\"`); environment variables win over it. Environment only.",
+        valid: "a readable file path",
+    },
+    Setting {
+        name: "SHEAF_LISTEN",
+        default: Some("127.0.0.1:8470"),
+        meaning: "Address the HTTP API listens on.",
+        valid: "`ip:port`",
+    },
+    Setting {
+        name: "SHEAF_API_KEY",
+        default: None,
+        meaning: "Admin bearer token (`Authorization: Bearer <key>`) for everything under `/api/v1` except the OpenAPI document. Unset: the API is open, which is only allowed when `SHEAF_LISTEN` is a loopback address (start-up refuses otherwise and the log says so).",
+        valid: "at least 16 characters",
+    },
+    Setting {
+        name: "SHEAF_LOG_STORE",
+        default: Some("memory"),
+        meaning: "Where events and attempts are recorded.",
+        valid: "`memory`, `postgres`, `clickhouse`",
+    },
+    Setting {
+        name: "SHEAF_QUEUE",
+        default: Some("memory"),
+        meaning: "Where pending deliveries wait. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, in memory otherwise.",
+        valid: "`memory`, `postgres`",
+    },
+    Setting {
+        name: "SHEAF_POSTGRES_URL",
+        default: None,
+        meaning: "Postgres connection URL; required when the queue or the log store is `postgres`.",
+        valid: "`postgres://user:password@host:port/database`",
+    },
+    Setting {
+        name: "SHEAF_CLICKHOUSE_URL",
+        default: None,
+        meaning: "ClickHouse HTTP URL; required when the log store is `clickhouse`.",
+        valid: "`http://[user[:password]@]host:port`",
+    },
+    Setting {
+        name: "SHEAF_POSTGRES_SCHEMA",
+        default: Some("sheaf"),
+        meaning: "Postgres schema that holds Sheaf's tables; processes that should share work must use the same one.",
+        valid: "lower-case letters, digits and `_`, not starting with a digit, at most 63 bytes",
+    },
+    Setting {
+        name: "SHEAF_CLICKHOUSE_DATABASE",
+        default: Some("sheaf"),
+        meaning: "ClickHouse database that holds the log's tables (created at start).",
+        valid: "ASCII letters, digits and `_`, not starting with a digit, at most 64 bytes",
+    },
+    // Five retries spread over about seven hours ride out a deploy or a short outage without
+    // hammering a receiver; seed 000's reproduction used a similar climb (1 s, 5 s, 5 min,
+    // 30 min). The span stays well inside the memory log's three days of retention, so a
+    // retry always finds its previous attempt.
+    Setting {
+        name: "SHEAF_RETRY_SCHEDULE",
+        default: Some("5s,1m,10m,1h,6h"),
+        meaning: "Delays before each retry of a failed delivery: the first retry waits the first delay, and so on; past the end of the list the last delay repeats. Each delay gets the jitter below.",
+        valid: "comma-separated durations (`500ms`, `5s`, `1m`, `2h`, `1d`), each 100ms..7d",
+    },
+    // The first delivery plus one retry per entry of the default schedule.
+    Setting {
+        name: "SHEAF_RETRY_MAX_ATTEMPTS",
+        default: Some("6"),
+        meaning: "Attempts (the first delivery included) before a delivery is dead-lettered.",
+        valid: "1..=100",
+    },
+    Setting {
+        name: "SHEAF_RETRY_JITTER_PERCENT",
+        default: Some("20"),
+        meaning: "Each retry delay is moved by a random amount within plus or minus this share of it, so retries of one outage do not come back in lockstep.",
+        valid: "0..=100",
+    },
+    Setting {
+        name: "SHEAF_RETRY_NOT_READY_DELAY",
+        default: Some("1s"),
+        meaning: "How long a retry waits when its previous attempt is not logged yet (or the lookup failed) before it looks again; such a wait does not count as an attempt.",
+        valid: "a duration, 10ms..10m",
+    },
+    Setting {
+        name: "SHEAF_RETRY_AFTER_MAX",
+        default: Some("1h"),
+        meaning: "Longest `Retry-After` a destination can ask for; longer values are cut to it, and values under 1s are raised to 1s.",
+        valid: "a duration, 1s..7d",
+    },
+    // Seed 000's measured setting: 50 keys with a 50 ms wait turned 8,416 single lookups into
+    // 1,286 batch queries and cut ClickHouse's mean CPU from 73 % to 29 %. The seed shipped it off
+    // by default only because its CI ClickHouse lacked the lazy-materialization setting; Sheaf's
+    // stores all batch (BRIEF), so coalescing is on. 100 is the seed's upper limit (~1 ms of CPU
+    // per key at 100 against ~14 ms one by one).
+    Setting {
+        name: "SHEAF_RETRY_LOOKUP_BATCH_SIZE",
+        default: Some("50"),
+        meaning: "Retries due together share one latest-attempt query of up to this many keys; 0 turns coalescing off (one query per retry).",
+        valid: "0..=100",
+    },
+    Setting {
+        name: "SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS",
+        default: Some("50"),
+        meaning: "How long a retry lookup batch gathers after its first key before it is sent anyway.",
+        valid: "0..=10000",
+    },
+    // Off: the fixed wait is what seed 000 measured. A retry waits seconds by design, so 50 ms
+    // of gathering costs nothing a user sees.
+    Setting {
+        name: "SHEAF_RETRY_LOOKUP_ADAPTIVE",
+        default: Some("false"),
+        meaning: "Adaptive retry lookup batching: send at once while no lookup query is in flight and gather only while one is, so a quiet service adds no wait.",
+        valid: "`true`, `false`",
+    },
+    // First deliveries read their payload on the publish path's heels, where latency matters;
+    // adaptive batching adds no wait at low load and grows batches only while a read is in flight.
+    Setting {
+        name: "SHEAF_EVENT_LOOKUP_BATCH_SIZE",
+        default: Some("100"),
+        meaning: "First deliveries whose payload is not in the fresh-event cache, and publishes checking whether their id is known, read events in batches of up to this many keys (adaptive: no added wait when the store is idle).",
+        valid: "1..=1000",
+    },
+    // At BRIEF's ~2 KB payloads, 10,000 events are ~20 MB of JSON (a few times that parsed):
+    // several seconds of backlog at thousands of publishes a second.
+    Setting {
+        name: "SHEAF_FRESH_EVENT_CACHE",
+        default: Some("10000"),
+        meaning: "Freshly published events kept in memory so their first delivery needs no read of the log store; also remembers recently accepted ids for idempotent publishing.",
+        valid: "0..=10000000",
+    },
+    // Deliveries wait on the network, not the CPU: 32 concurrent requests keep a 2-core
+    // machine busy with receivers answering in tens of milliseconds. The channel holds as many
+    // jobs as there are workers (seed 002), so claimed-but-unstarted work stays bounded by it.
+    Setting {
+        name: "SHEAF_DELIVERY_WORKERS",
+        default: Some("32"),
+        meaning: "Concurrent webhook deliveries per process; also the capacity of the channel from the dispatcher to the workers.",
+        valid: "1..=4096",
+    },
+    // Long enough for a slow receiver, short enough that a hung one ties up a worker for
+    // seconds, not minutes; the lease (below) must outlast it.
+    Setting {
+        name: "SHEAF_DELIVERY_TIMEOUT",
+        default: Some("15s"),
+        meaning: "How long one webhook request may take (connect, send, answer) before the attempt fails.",
+        valid: "a duration, 100ms..10m; shorter than `SHEAF_QUEUE_LEASE`",
+    },
+    // Seed 002 leased for 10 s because its work took ~25 ms; a delivery may take up to the 15 s
+    // timeout, so the lease is twice that. A crashed process's jobs come back after it.
+    Setting {
+        name: "SHEAF_QUEUE_LEASE",
+        default: Some("30s"),
+        meaning: "How long a claim on a job holds; a process that dies leaves its jobs to others after this. A worker renews a lease more than half spent before delivering.",
+        valid: "a duration, 1s..1h; longer than `SHEAF_DELIVERY_TIMEOUT`",
+    },
+    // Bounds how late a due retry is picked up; an idle process then sends ten cheap claim
+    // queries a second (one per process, not per worker: seed 002).
+    Setting {
+        name: "SHEAF_QUEUE_POLL_INTERVAL",
+        default: Some("100ms"),
+        meaning: "How long the dispatcher sleeps after a claim found fewer due jobs than it had room for (new publishes in this process wake it at once).",
+        valid: "a duration, 1ms..1m",
+    },
+    // BRIEF "Queue designs measured here": one commit per job is WAL-bound (2,800 jobs/s at 4
+    // clients against 7,000 batched); a few milliseconds of gathering is invisible next to a
+    // webhook's round trip and makes one statement out of every worker's outcomes.
+    Setting {
+        name: "SHEAF_COMPLETER_FLUSH_INTERVAL",
+        default: Some("5ms"),
+        meaning: "How long the completer gathers job outcomes (complete, reschedule, dead-letter) from all workers before writing them as one statement per kind.",
+        valid: "a duration, 0ms..1s",
+    },
+    // Eight times the default workers: a full flush carries every worker's outcome several
+    // times over, and a statement of a few hundred ids stays small.
+    Setting {
+        name: "SHEAF_COMPLETER_MAX_BATCH",
+        default: Some("256"),
+        meaning: "Outcomes that make the completer write at once, without waiting for the interval.",
+        valid: "1..=10000",
+    },
+    // The write coalescer's defaults (`WriteConfig::default`, sized for ClickHouse parts, seed 001).
+    Setting {
+        name: "SHEAF_LOG_WRITE_MAX_RECORDS",
+        default: Some("10000"),
+        meaning: "Most events and attempts in one log store write.",
+        valid: "1..=1000000",
+    },
+    Setting {
+        name: "SHEAF_LOG_WRITE_MAX_BYTES",
+        default: Some("16777216"),
+        meaning: "Most bytes (JSON size of the records) in one log store write.",
+        valid: "1024..=1073741824",
+    },
+    // Seed 001 kept its wait at 0 so nothing changed without an operator's decision; it
+    // recommends 1-2 s for hot ClickHouse tables, at the cost of that much publish latency.
+    Setting {
+        name: "SHEAF_LOG_WRITE_MAX_WAIT_MS",
+        default: Some("0"),
+        meaning: "How long an under-filled log write waits for more records once nothing else is queued; 0 writes at once.",
+        valid: "0..=10000",
+    },
+    // Webhook payloads are small JSON documents; 1 MiB is generous and bounds a request's memory.
+    Setting {
+        name: "SHEAF_MAX_BODY_BYTES",
+        default: Some("1048576"),
+        meaning: "Largest accepted request body; larger ones get 413.",
+        valid: "1024..=104857600",
+    },
+    Setting {
+        name: "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
+        default: Some("false"),
+        meaning: "Allow destination URLs whose host is or resolves to a loopback, private, link-local, unspecified or otherwise non-public address.",
+        valid: "`true`, `false`",
+    },
+    // A day gives receivers time to deploy the new secret.
+    Setting {
+        name: "SHEAF_SECRET_ROTATION_GRACE",
+        default: Some("24h"),
+        meaning: "How long a rotated-out signing secret keeps signing deliveries next to the new one.",
+        valid: "a duration, 0s..30d",
+    },
+    // Destinations change rarely; 5 s bounds how long another process keeps delivering to an
+    // old URL while costing each process one read per tenant every 5 s.
+    Setting {
+        name: "SHEAF_ENTITY_CACHE_TTL",
+        default: Some("5s"),
+        meaning: "How long tenants and destinations stay cached; changes made through this process apply at once, changes made through another process within this time.",
+        valid: "a duration, 0s..10m",
+    },
+    // Longer than the 15 s delivery timeout, so an in-flight delivery normally finishes; well
+    // under the usual 30 s a supervisor waits before SIGKILL.
+    Setting {
+        name: "SHEAF_SHUTDOWN_TIMEOUT",
+        default: Some("20s"),
+        meaning: "On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish before they are abandoned (their jobs come back when their lease ends).",
+        valid: "a duration, 0s..10m",
+    },
+    Setting {
+        name: "SHEAF_LOG",
+        default: Some("info"),
+        meaning: "Log filter for the service's own log lines (tracing `EnvFilter` syntax).",
+        valid: "e.g. `info`, `sheaf_server=debug,info`",
+    },
+];
+
+/// The setting named `name`. Panics on a name not in [`SETTINGS`]: that is a bug in this file.
+fn setting(name: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("{name} is not in SETTINGS"))
+}
+
+/// A refused configuration: which setting, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {setting}: {message}")]
+pub struct ConfigError {
+    /// The setting at fault (`SHEAF_…`).
+    pub setting: String,
+    /// What is wrong with it, lower-case.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(setting: &str, message: impl Into<String>) -> Self {
+        Self {
+            setting: setting.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Where the log store lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogStoreKind {
+    /// In this process (the default).
+    Memory,
+    /// Postgres (`SHEAF_POSTGRES_URL`).
+    Postgres,
+    /// ClickHouse (`SHEAF_CLICKHOUSE_URL`).
+    ClickHouse,
+}
+
+/// Where the job queue lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueKind {
+    /// In this process (the default).
+    Memory,
+    /// Postgres (`SHEAF_POSTGRES_URL`), shared by every process that points at it.
+    Postgres,
+}
+
+/// The retry policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryConfig {
+    /// Delay before retry n (1-based) is `schedule[min(n, len) - 1]`.
+    pub schedule: Vec<Duration>,
+    /// Attempts before dead-lettering.
+    pub max_attempts: u32,
+    /// Jitter, in percent of each delay, either way.
+    pub jitter_percent: u32,
+    /// Wait of a retry that found its previous attempt not logged yet.
+    pub not_ready_delay: Duration,
+    /// Bound on a destination's `Retry-After`.
+    pub retry_after_max: Duration,
+}
+
+impl RetryConfig {
+    /// The delay before the retry that follows failed attempt `attempt_number` (1-based), before jitter.
+    pub fn base_delay(&self, attempt_number: u32) -> Duration {
+        let index = usize::try_from(attempt_number.max(1) - 1).unwrap_or(usize::MAX);
+        self.schedule
+            .get(index)
+            .or(self.schedule.last())
+            .copied()
+            .unwrap_or(Duration::from_secs(60))
+    }
+}
+
+/// Everything the service runs with. Built by [`Config::load`]; tests build it from a map.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `SHEAF_LISTEN`.
+    pub listen: SocketAddr,
+    /// `SHEAF_API_KEY`.
+    pub api_key: Option<String>,
+    /// `SHEAF_LOG_STORE`.
+    pub log_store: LogStoreKind,
+    /// `SHEAF_QUEUE`.
+    pub queue: QueueKind,
+    /// `SHEAF_POSTGRES_URL`.
+    pub postgres_url: Option<String>,
+    /// `SHEAF_CLICKHOUSE_URL`.
+    pub clickhouse_url: Option<String>,
+    /// `SHEAF_POSTGRES_SCHEMA`.
+    pub postgres_schema: String,
+    /// `SHEAF_CLICKHOUSE_DATABASE`.
+    pub clickhouse_database: String,
+    /// `SHEAF_RETRY_*` except the lookup.
+    pub retry: RetryConfig,
+    /// `SHEAF_RETRY_LOOKUP_*`: the coalescer in front of `LogStore::latest_attempts`.
+    pub retry_lookup: LookupConfig,
+    /// `SHEAF_EVENT_LOOKUP_BATCH_SIZE`: the coalescer in front of `LogStore::get_events`.
+    pub event_lookup: LookupConfig,
+    /// `SHEAF_FRESH_EVENT_CACHE`.
+    pub fresh_event_cache: u64,
+    /// `SHEAF_DELIVERY_WORKERS`.
+    pub delivery_workers: usize,
+    /// `SHEAF_DELIVERY_TIMEOUT`.
+    pub delivery_timeout: Duration,
+    /// `SHEAF_QUEUE_LEASE`.
+    pub queue_lease: Duration,
+    /// `SHEAF_QUEUE_POLL_INTERVAL`.
+    pub queue_poll_interval: Duration,
+    /// `SHEAF_COMPLETER_FLUSH_INTERVAL`.
+    pub completer_flush_interval: Duration,
+    /// `SHEAF_COMPLETER_MAX_BATCH`.
+    pub completer_max_batch: usize,
+    /// `SHEAF_LOG_WRITE_*`.
+    pub log_write: WriteConfig,
+    /// `SHEAF_MAX_BODY_BYTES`.
+    pub max_body_bytes: usize,
+    /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
+    pub allow_private_destinations: bool,
+    /// `SHEAF_SECRET_ROTATION_GRACE`.
+    pub secret_rotation_grace: Duration,
+    /// `SHEAF_ENTITY_CACHE_TTL`.
+    pub entity_cache_ttl: Duration,
+    /// `SHEAF_SHUTDOWN_TIMEOUT`.
+    pub shutdown_timeout: Duration,
+    /// `SHEAF_LOG`.
+    pub log_filter: String,
+}
+
+/// The raw values of one load: file values overlaid by the environment, and which names
+/// were read (a test checks every entry of [`SETTINGS`] is).
+struct Raw {
+    values: HashMap<String, String>,
+    read: Mutex<BTreeSet<&'static str>>,
+}
+
+impl Raw {
+    /// The value of `name`, or its default; `None` when unset without a default.
+    fn get(&self, name: &str) -> Option<String> {
+        let setting = setting(name);
+        if let Ok(mut read) = self.read.lock() {
+            read.insert(setting.name);
+        }
+        match self.values.get(name) {
+            Some(value) => Some(value.trim().to_owned()),
+            None => setting.default.map(str::to_owned),
+        }
+    }
+
+    /// A value that has a default.
+    fn value(&self, name: &str) -> String {
+        self.get(name).unwrap_or_default()
+    }
+
+    fn optional(&self, name: &str) -> Option<String> {
+        self.get(name).filter(|v| !v.is_empty())
+    }
+
+    fn bool(&self, name: &str) -> Result<bool, ConfigError> {
+        let raw = self.value(name);
+        match raw.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(ConfigError::new(
+                name,
+                format!("{raw:?} is not a boolean (use true or false)"),
+            )),
+        }
+    }
+
+    fn int(&self, name: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+        let raw = self.value(name);
+        let n: u64 = raw.parse().map_err(|_| {
+            ConfigError::new(name, format!("{raw:?} is not a whole non-negative number"))
+        })?;
+        if n < min {
+            return Err(ConfigError::new(
+                name,
+                format!("{n} is below the minimum of {min}"),
+            ));
+        }
+        if n > max {
+            return Err(ConfigError::new(
+                name,
+                format!("{n} is above the maximum of {max}"),
+            ));
+        }
+        Ok(n)
+    }
+
+    fn usize(&self, name: &str, min: u64, max: u64) -> Result<usize, ConfigError> {
+        let n = self.int(name, min, max)?;
+        usize::try_from(n).map_err(|_| ConfigError::new(name, format!("{n} is too large")))
+    }
+
+    fn duration(&self, name: &str, min: Duration, max: Duration) -> Result<Duration, ConfigError> {
+        let raw = self.value(name);
+        let d = parse_duration(&raw).map_err(|m| ConfigError::new(name, m))?;
+        check_range(name, &raw, d, min, max)?;
+        Ok(d)
+    }
+}
+
+fn check_range(
+    name: &str,
+    raw: &str,
+    d: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
+    if d < min {
+        return Err(ConfigError::new(
+            name,
+            format!("{raw} is below the minimum of {}", format_duration(min)),
+        ));
+    }
+    if d > max {
+        return Err(ConfigError::new(
+            name,
+            format!("{raw} is above the maximum of {}", format_duration(max)),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `500ms`, `5s`, `1m`, `2h`, `1d`.
+pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let split = raw
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{raw:?} has no unit (write e.g. 500ms, 5s, 1m, 2h or 1d)"))?;
+    let (digits, unit) = raw.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a duration such as 500ms, 5s, 1m, 2h or 1d"))?;
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "{raw:?} has an unknown unit {unit:?} (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{raw:?} is too long"))
+}
+
+/// The shortest exact spelling of `d` that [`parse_duration`] reads back.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// Reads the TOML file into setting names and string values.
+fn read_file(path: &PathBuf) -> Result<HashMap<String, String>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new(
+            "SHEAF_CONFIG_FILE",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| {
+        ConfigError::new(
+            "SHEAF_CONFIG_FILE",
+            format!("{} is not valid TOML: {e}", path.display()),
+        )
+    })?;
+    let by_key: BTreeMap<String, &'static Setting> =
+        SETTINGS.iter().map(|s| (s.file_key(), s)).collect();
+    let mut values = HashMap::new();
+    for (key, value) in table {
+        let setting = by_key.get(&key).ok_or_else(|| {
+            ConfigError::new(
+                "SHEAF_CONFIG_FILE",
+                format!("{} sets unknown key {key:?}", path.display()),
+            )
+        })?;
+        if setting.name == "SHEAF_CONFIG_FILE" {
+            return Err(ConfigError::new(
+                "SHEAF_CONFIG_FILE",
+                "the file cannot name another file",
+            ));
+        }
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(i) => i.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+            other => {
+                return Err(ConfigError::new(
+                    setting.name,
+                    format!(
+                        "{} in {} is not a string, number or boolean",
+                        other.type_str(),
+                        path.display()
+                    ),
+                ));
+            }
+        };
+        values.insert(setting.name.to_owned(), text);
+    }
+    Ok(values)
+}
+
+impl Config {
+    /// Reads the process environment (and the file it names).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::load(std::env::vars().collect())
+    }
+
+    /// Reads settings from `env` (variable name to value) and the TOML file named by its
+    /// `SHEAF_CONFIG_FILE`, the environment winning; anything not set takes its default.
+    pub fn load(env: HashMap<String, String>) -> Result<Self, ConfigError> {
+        Ok(Self::load_tracked(env)?.0)
+    }
+
+    /// [`Config::load`], also returning the setting names it read.
+    fn load_tracked(
+        env: HashMap<String, String>,
+    ) -> Result<(Self, BTreeSet<&'static str>), ConfigError> {
+        let known: BTreeSet<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        let mut values = match env.get("SHEAF_CONFIG_FILE").filter(|p| !p.is_empty()) {
+            Some(path) => read_file(&PathBuf::from(path))?,
+            None => HashMap::new(),
+        };
+        for (name, value) in env {
+            if known.contains(name.as_str()) {
+                values.insert(name, value);
+            }
+        }
+        let raw = Raw {
+            values,
+            read: Mutex::new(BTreeSet::new()),
+        };
+        let config = Self::parse(&raw)?;
+        let read = raw.read.into_inner().unwrap_or_default();
+        Ok((config, read))
+    }
+
+    fn parse(raw: &Raw) -> Result<Self, ConfigError> {
+        // Read for completeness: the file was already loaded from it.
+        let _ = raw.get("SHEAF_CONFIG_FILE");
+        let listen_raw = raw.value("SHEAF_LISTEN");
+        let listen: SocketAddr = listen_raw.parse().map_err(|_| {
+            ConfigError::new(
+                "SHEAF_LISTEN",
+                format!("{listen_raw:?} is not an ip:port address"),
+            )
+        })?;
+        let api_key = raw.optional("SHEAF_API_KEY");
+        if let Some(key) = &api_key
+            && key.len() < 16
+        {
+            return Err(ConfigError::new(
+                "SHEAF_API_KEY",
+                format!("is {} characters long, at least 16 are needed", key.len()),
+            ));
+        }
+        if api_key.is_none() && !listen.ip().is_loopback() {
+            return Err(ConfigError::new(
+                "SHEAF_API_KEY",
+                format!(
+                    "is not set and SHEAF_LISTEN {listen} is not a loopback address; set an admin key, or listen on 127.0.0.1"
+                ),
+            ));
+        }
+        let log_store = match raw.value("SHEAF_LOG_STORE").as_str() {
+            "memory" => LogStoreKind::Memory,
+            "postgres" => LogStoreKind::Postgres,
+            "clickhouse" => LogStoreKind::ClickHouse,
+            other => {
+                return Err(ConfigError::new(
+                    "SHEAF_LOG_STORE",
+                    format!("{other:?} is not one of memory, postgres, clickhouse"),
+                ));
+            }
+        };
+        let queue = match raw.value("SHEAF_QUEUE").as_str() {
+            "memory" => QueueKind::Memory,
+            "postgres" => QueueKind::Postgres,
+            other => {
+                return Err(ConfigError::new(
+                    "SHEAF_QUEUE",
+                    format!("{other:?} is not one of memory, postgres"),
+                ));
+            }
+        };
+        let postgres_url = raw.optional("SHEAF_POSTGRES_URL");
+        let clickhouse_url = raw.optional("SHEAF_CLICKHOUSE_URL");
+        // The stores validate these names themselves when they connect; checked here too so the
+        // error names the setting.
+        let postgres_schema = raw.value("SHEAF_POSTGRES_SCHEMA");
+        let schema_ok = !postgres_schema.is_empty()
+            && postgres_schema.len() <= 63
+            && postgres_schema
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !postgres_schema.as_bytes()[0].is_ascii_digit();
+        if !schema_ok {
+            return Err(ConfigError::new(
+                "SHEAF_POSTGRES_SCHEMA",
+                format!("{postgres_schema:?} is not a plain lower-case identifier"),
+            ));
+        }
+        let clickhouse_database = raw.value("SHEAF_CLICKHOUSE_DATABASE");
+        let database_ok = !clickhouse_database.is_empty()
+            && clickhouse_database.len() <= 64
+            && clickhouse_database
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !clickhouse_database.as_bytes()[0].is_ascii_digit();
+        if !database_ok {
+            return Err(ConfigError::new(
+                "SHEAF_CLICKHOUSE_DATABASE",
+                format!("{clickhouse_database:?} is not a plain identifier"),
+            ));
+        }
+        if (log_store == LogStoreKind::Postgres || queue == QueueKind::Postgres)
+            && postgres_url.is_none()
+        {
+            return Err(ConfigError::new(
+                "SHEAF_POSTGRES_URL",
+                "is required when SHEAF_LOG_STORE or SHEAF_QUEUE is postgres",
+            ));
+        }
+        if log_store == LogStoreKind::ClickHouse && clickhouse_url.is_none() {
+            return Err(ConfigError::new(
+                "SHEAF_CLICKHOUSE_URL",
+                "is required when SHEAF_LOG_STORE is clickhouse",
+            ));
+        }
+
+        let schedule_raw = raw.value("SHEAF_RETRY_SCHEDULE");
+        let mut schedule = Vec::new();
+        for part in schedule_raw.split(',') {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(ConfigError::new(
+                    "SHEAF_RETRY_SCHEDULE",
+                    format!("{schedule_raw:?} has an empty entry"),
+                ));
+            }
+            let d =
+                parse_duration(part).map_err(|m| ConfigError::new("SHEAF_RETRY_SCHEDULE", m))?;
+            check_range(
+                "SHEAF_RETRY_SCHEDULE",
+                part,
+                d,
+                Duration::from_millis(100),
+                Duration::from_secs(7 * 86_400),
+            )?;
+            schedule.push(d);
+        }
+        let retry = RetryConfig {
+            schedule,
+            max_attempts: u32::try_from(raw.int("SHEAF_RETRY_MAX_ATTEMPTS", 1, 100)?)
+                .unwrap_or(100),
+            jitter_percent: u32::try_from(raw.int("SHEAF_RETRY_JITTER_PERCENT", 0, 100)?)
+                .unwrap_or(100),
+            not_ready_delay: raw.duration(
+                "SHEAF_RETRY_NOT_READY_DELAY",
+                Duration::from_millis(10),
+                Duration::from_secs(600),
+            )?,
+            retry_after_max: raw.duration(
+                "SHEAF_RETRY_AFTER_MAX",
+                Duration::from_secs(1),
+                Duration::from_secs(7 * 86_400),
+            )?,
+        };
+        let retry_lookup = LookupConfig {
+            max_batch: raw.usize("SHEAF_RETRY_LOOKUP_BATCH_SIZE", 0, 100)?,
+            max_wait: Duration::from_millis(raw.int(
+                "SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS",
+                0,
+                10_000,
+            )?),
+            adaptive: raw.bool("SHEAF_RETRY_LOOKUP_ADAPTIVE")?,
+            ..LookupConfig::default()
+        };
+        // Event reads are adaptive: a first delivery on a quiet service reads its payload at
+        // once, and batches grow only while a read is already in flight (BRIEF, adaptive mode).
+        let event_lookup = LookupConfig {
+            max_batch: raw.usize("SHEAF_EVENT_LOOKUP_BATCH_SIZE", 1, 1000)?,
+            max_wait: Duration::from_millis(20),
+            adaptive: true,
+            ..LookupConfig::default()
+        };
+        let fresh_event_cache = raw.int("SHEAF_FRESH_EVENT_CACHE", 0, 10_000_000)?;
+        let delivery_workers = raw.usize("SHEAF_DELIVERY_WORKERS", 1, 4096)?;
+        let delivery_timeout = raw.duration(
+            "SHEAF_DELIVERY_TIMEOUT",
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+        )?;
+        let queue_lease = raw.duration(
+            "SHEAF_QUEUE_LEASE",
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+        )?;
+        if queue_lease <= delivery_timeout {
+            return Err(ConfigError::new(
+                "SHEAF_QUEUE_LEASE",
+                format!(
+                    "{} must be longer than SHEAF_DELIVERY_TIMEOUT ({}), or a slow delivery would lose its job to another worker",
+                    format_duration(queue_lease),
+                    format_duration(delivery_timeout)
+                ),
+            ));
+        }
+        let queue_poll_interval = raw.duration(
+            "SHEAF_QUEUE_POLL_INTERVAL",
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        )?;
+        let completer_flush_interval = raw.duration(
+            "SHEAF_COMPLETER_FLUSH_INTERVAL",
+            Duration::ZERO,
+            Duration::from_secs(1),
+        )?;
+        let completer_max_batch = raw.usize("SHEAF_COMPLETER_MAX_BATCH", 1, 10_000)?;
+        let log_write = WriteConfig {
+            max_records: raw.usize("SHEAF_LOG_WRITE_MAX_RECORDS", 1, 1_000_000)?,
+            max_bytes: raw.usize("SHEAF_LOG_WRITE_MAX_BYTES", 1024, 1 << 30)?,
+            max_wait: Duration::from_millis(raw.int("SHEAF_LOG_WRITE_MAX_WAIT_MS", 0, 10_000)?),
+            ..WriteConfig::default()
+        };
+        let max_body_bytes = raw.usize("SHEAF_MAX_BODY_BYTES", 1024, 100 << 20)?;
+        let allow_private_destinations = raw.bool("SHEAF_ALLOW_PRIVATE_DESTINATIONS")?;
+        let secret_rotation_grace = raw.duration(
+            "SHEAF_SECRET_ROTATION_GRACE",
+            Duration::ZERO,
+            Duration::from_secs(30 * 86_400),
+        )?;
+        let entity_cache_ttl = raw.duration(
+            "SHEAF_ENTITY_CACHE_TTL",
+            Duration::ZERO,
+            Duration::from_secs(600),
+        )?;
+        let shutdown_timeout = raw.duration(
+            "SHEAF_SHUTDOWN_TIMEOUT",
+            Duration::ZERO,
+            Duration::from_secs(600),
+        )?;
+        let log_filter = raw.value("SHEAF_LOG");
+        Ok(Self {
+            listen,
+            api_key,
+            log_store,
+            queue,
+            postgres_url,
+            clickhouse_url,
+            postgres_schema,
+            clickhouse_database,
+            retry,
+            retry_lookup,
+            event_lookup,
+            fresh_event_cache,
+            delivery_workers,
+            delivery_timeout,
+            queue_lease,
+            queue_poll_interval,
+            completer_flush_interval,
+            completer_max_batch,
+            log_write,
+            max_body_bytes,
+            allow_private_destinations,
+            secret_rotation_grace,
+            entity_cache_ttl,
+            shutdown_timeout,
+            log_filter,
+        })
+    }
+}
+
+/// The settings section of `sheaf --help`, from [`SETTINGS`].
+pub fn settings_help() -> String {
+    let mut out = String::new();
+    for s in SETTINGS {
+        let default = s
+            .default
+            .map_or_else(|| "unset".to_owned(), |d| format!("default {d}"));
+        out.push_str(&format!("  {}  ({default}; {})\n", s.name, s.valid));
+        out.push_str(&format!("      {}\n", s.meaning));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_load_and_every_setting_is_read() {
+        let (config, read) = Config::load_tracked(HashMap::new()).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8470");
+        assert_eq!(config.log_store, LogStoreKind::Memory);
+        assert_eq!(config.retry.schedule.len(), 5);
+        let all: BTreeSet<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        assert_eq!(read, all, "every entry of SETTINGS is read by Config::load");
+    }
+
+    #[test]
+    fn invalid_values_name_their_setting() {
+        let err = Config::load(env(&[("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "101")])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid SHEAF_RETRY_LOOKUP_BATCH_SIZE: 101 is above the maximum of 100"
+        );
+        let err = Config::load(env(&[("SHEAF_RETRY_SCHEDULE", "5s,,1m")])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_RETRY_SCHEDULE");
+        let err = Config::load(env(&[("SHEAF_DELIVERY_TIMEOUT", "5")])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_DELIVERY_TIMEOUT");
+        let err = Config::load(env(&[("SHEAF_QUEUE", "postgres")])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_POSTGRES_URL");
+        let err = Config::load(env(&[("SHEAF_LISTEN", "0.0.0.0:8470")])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_API_KEY");
+        let err = Config::load(env(&[("SHEAF_QUEUE_LEASE", "10s")])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_QUEUE_LEASE");
+    }
+
+    #[test]
+    fn durations_parse_and_format() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5w").is_err());
+        assert_eq!(format_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(format_duration(Duration::from_secs(3600)), "1h");
+    }
+
+    #[test]
+    fn the_file_sets_values_and_the_environment_wins() {
+        let dir = std::env::temp_dir().join(format!("sheaf-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sheaf.toml");
+        std::fs::write(
+            &path,
+            "retry_schedule = [\"1s\", \"2s\"]\ndelivery_workers = 7\nretry_max_attempts = 3\n",
+        )
+        .unwrap();
+        let config = Config::load(env(&[
+            ("SHEAF_CONFIG_FILE", path.to_str().unwrap()),
+            ("SHEAF_DELIVERY_WORKERS", "9"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.retry.schedule,
+            vec![Duration::from_secs(1), Duration::from_secs(2)]
+        );
+        assert_eq!(config.retry.max_attempts, 3);
+        assert_eq!(config.delivery_workers, 9);
+        std::fs::write(&path, "no_such_setting = 1\n").unwrap();
+        let err = Config::load(env(&[("SHEAF_CONFIG_FILE", path.to_str().unwrap())])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_CONFIG_FILE");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn retry_delays_repeat_the_last_entry() {
+        let config = Config::load(env(&[("SHEAF_RETRY_SCHEDULE", "1s,2s")])).unwrap();
+        assert_eq!(config.retry.base_delay(1), Duration::from_secs(1));
+        assert_eq!(config.retry.base_delay(2), Duration::from_secs(2));
+        assert_eq!(config.retry.base_delay(9), Duration::from_secs(2));
+    }
+}

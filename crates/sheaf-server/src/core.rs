@@ -1,0 +1,115 @@
+//! [`Core`]: everything the HTTP handlers and the delivery engine share, built once at start.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::future::Cache;
+use sheaf_coalesce::{CoalesceMetrics, LookupCoalescer, WriteCoalescer};
+use sheaf_store::{Event, EventKey};
+use tokio::sync::Notify;
+
+use crate::config::Config;
+use crate::entities::EntityCache;
+use crate::logio::{
+    EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
+};
+use crate::metrics::{MetricSources, Metrics};
+use crate::stores::Stores;
+
+/// How long a freshly published event stays in the payload cache. Its first delivery
+/// normally starts within milliseconds; a backlog longer than this reads the log store.
+const FRESH_EVENT_TTL: Duration = Duration::from_secs(10 * 60);
+
+/// How long an accepted event id is remembered in memory; older repeats are recognised
+/// through the log store instead.
+const ACCEPTED_ID_TTL: Duration = Duration::from_secs(60 * 60);
+
+/// The shared state of one `sheaf` process.
+#[derive(Debug)]
+pub struct Core {
+    /// The configuration it runs with.
+    pub config: Arc<Config>,
+    /// The stores.
+    pub stores: Stores,
+    /// Tenants and destinations, cached.
+    pub entities: EntityCache,
+    /// Every log write goes through it.
+    pub log_writer: LogCoalescer,
+    /// Event reads by key (`get_events`), coalesced.
+    pub events: EventCoalescer,
+    /// Retries' latest-attempt lookups (`latest_attempts`), coalesced and split at 15 minutes.
+    pub retries: RetryCoalescer,
+    /// Freshly published events, so a first delivery needs no read of the log store.
+    pub fresh: Cache<EventKey, Event>,
+    /// Event ids accepted recently by this process: a repeat is answered without a read.
+    pub accepted: Cache<EventKey, ()>,
+    /// The service's counters.
+    pub metrics: Arc<Metrics>,
+    /// What `/metrics` reads.
+    pub metric_sources: MetricSources,
+    /// Wakes the dispatcher when a publish has enqueued jobs.
+    pub wake: Arc<Notify>,
+}
+
+impl Core {
+    /// Builds the coalescers and caches over `stores`. Must run inside a Tokio runtime.
+    pub fn new(config: Config, stores: Stores) -> anyhow::Result<Arc<Self>> {
+        let retry_metrics = Arc::new(CoalesceMetrics::new());
+        let event_metrics = Arc::new(CoalesceMetrics::new());
+        let write_metrics = Arc::new(CoalesceMetrics::new());
+        let log_writer = WriteCoalescer::with_observer(
+            LogWriter::new(Arc::clone(&stores.log)),
+            config.log_write,
+            write_metrics.clone(),
+        )?;
+        let events = LookupCoalescer::builder(
+            EventLookup::new(Arc::clone(&stores.log)),
+            config.event_lookup,
+        )
+        .observer(event_metrics.clone())
+        .build()?;
+        let retries = LookupCoalescer::builder(
+            RetryLookup::new(Arc::clone(&stores.log)),
+            config.retry_lookup,
+        )
+        .split(retry_split())
+        .observer(retry_metrics.clone())
+        .build()?;
+        let fresh = Cache::builder()
+            .max_capacity(config.fresh_event_cache)
+            .time_to_live(FRESH_EVENT_TTL)
+            .build();
+        // Ids are small: ten times as many as fresh events, at least 10,000.
+        let accepted = Cache::builder()
+            .max_capacity(config.fresh_event_cache.saturating_mul(10).max(10_000))
+            .time_to_live(ACCEPTED_ID_TTL)
+            .build();
+        let metrics = Arc::new(Metrics::default());
+        let entities = EntityCache::new(Arc::clone(&stores.entities), config.entity_cache_ttl);
+        Ok(Arc::new(Self {
+            metric_sources: MetricSources {
+                service: Arc::clone(&metrics),
+                retry_lookup: retry_metrics,
+                event_lookup: event_metrics,
+                log_write: write_metrics,
+            },
+            config: Arc::new(config),
+            stores,
+            entities,
+            log_writer,
+            events,
+            retries,
+            fresh,
+            accepted,
+            metrics,
+            wake: Arc::new(Notify::new()),
+        }))
+    }
+
+    /// Flushes and stops the coalescers (after the engine and the HTTP server stopped).
+    pub async fn close(&self) {
+        self.log_writer.close().await;
+        self.events.close().await;
+        self.retries.close().await;
+    }
+}

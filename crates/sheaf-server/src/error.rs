@@ -1,0 +1,89 @@
+//! The API's one error shape: `{"error": {"code": "...", "message": "..."}}` with its status.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sheaf_store::ErrorKind;
+
+/// An error answered to an API client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable, machine-readable code (`not_found`, `invalid_request`, ...).
+    pub code: &'static str,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with the given status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 404 for a tenant that does not exist.
+    pub fn unknown_tenant(tenant: &str) -> Self {
+        Self::not_found(format!("tenant {tenant:?} does not exist"))
+    }
+
+    /// 503 `unavailable`: a store could not be reached; the client should retry.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
+    /// 500 `internal`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl From<sheaf_store::Error> for ApiError {
+    fn from(err: sheaf_store::Error) -> Self {
+        match err.kind() {
+            ErrorKind::NotFound => Self::not_found(err.to_string()),
+            ErrorKind::Conflict => Self::new(StatusCode::CONFLICT, "conflict", err.to_string()),
+            ErrorKind::InvalidInput => Self::invalid(err.to_string()),
+            ErrorKind::Unavailable => Self::unavailable(err.to_string()),
+            _ => {
+                tracing::error!(error = %err, "store error");
+                Self::internal(err.to_string())
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": { "code": self.code, "message": self.message }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}

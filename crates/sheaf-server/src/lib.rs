@@ -1,0 +1,32 @@
+//! The `sheaf` service: HTTP API, signed webhook delivery, coalesced retries, one claimer per
+//! process.
+//!
+//! - [`config`]: every `SHEAF_*` setting, from one table.
+//! - [`stores`]: which backends run (memory by default; Postgres, ClickHouse by configuration).
+//! - [`core`]: the state shared by the API and the engine: caches and coalescers.
+//! - [`publish`]: publish and manual retry, the two ways jobs enter the queue.
+//! - [`engine`]: dispatcher, workers and completer.
+//! - [`webhook`]: Standard Webhooks signing and the POST.
+//! - [`api`], [`handlers`], [`openapi`], [`error`]: the HTTP API.
+//! - [`metrics`]: the Prometheus page.
+//! - [`server`]: start and graceful stop, used by the binary and by the tests.
+
+pub mod api;
+pub mod config;
+pub mod core;
+pub mod engine;
+pub mod entities;
+pub mod error;
+pub mod guard;
+mod handlers;
+pub mod logio;
+pub mod metrics;
+pub mod openapi;
+pub mod publish;
+pub mod server;
+pub mod stores;
+pub mod webhook;
+
+pub use config::{Config, ConfigError, SETTINGS};
+pub use server::{Running, start, start_with};
+pub use stores::Stores;

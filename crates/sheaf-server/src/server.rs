@@ -1,0 +1,74 @@
+//! Starting and stopping one `sheaf` process: stores, core, HTTP server and delivery engine.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::core::Core;
+use crate::engine::Engine;
+use crate::stores::Stores;
+
+/// A running service.
+#[derive(Debug)]
+pub struct Running {
+    /// Where the HTTP API listens (the real port when `SHEAF_LISTEN` asked for port 0).
+    pub addr: SocketAddr,
+    /// The shared state, for tests that look inside.
+    pub core: Arc<Core>,
+    stop_http: CancellationToken,
+    http: JoinHandle<std::io::Result<()>>,
+    engine: Engine,
+}
+
+/// Connects the configured stores (migrating database schemas) and starts the service.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let stores = Stores::connect(&config, true).await?;
+    start_with(config, stores).await
+}
+
+/// Starts the service on the given stores.
+pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (SHEAF_LISTEN)", config.listen))?;
+    let addr = listener.local_addr()?;
+    let core = Core::new(config, stores)?;
+    let engine = Engine::start(Arc::clone(&core))?;
+    let router = crate::api::router(Arc::clone(&core));
+    let stop_http = CancellationToken::new();
+    let http = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stop_http.clone().cancelled_owned())
+            .into_future(),
+    );
+    Ok(Running {
+        addr,
+        core,
+        stop_http,
+        http,
+        engine,
+    })
+}
+
+impl Running {
+    /// Stops gracefully: the HTTP server stops accepting and finishes its requests (so every
+    /// accepted publish is durable), the engine stops claiming, finishes in-flight deliveries up
+    /// to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted claims, then the completer and the
+    /// write coalescer flush.
+    pub async fn shutdown(self) {
+        let deadline = self.core.config.shutdown_timeout;
+        self.stop_http.cancel();
+        match tokio::time::timeout(deadline, self.http).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(err))) => tracing::warn!(error = %err, "http server stopped with an error"),
+            Ok(Err(err)) => tracing::warn!(error = %err, "http server task failed"),
+            Err(_) => tracing::warn!("http requests did not finish within {deadline:?}"),
+        }
+        self.engine.shutdown(deadline).await;
+        self.core.close().await;
+    }
+}

@@ -1,0 +1,159 @@
+//! Backend selection: which `LogStore`, `JobQueue` and `EntityStore` the service runs on.
+//!
+//! The memory backends are the embedded default. Tenants and destinations follow the shared
+//! stores: they live in Postgres whenever the queue or the log store does, because several
+//! processes sharing a queue must see the same destinations.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
+use sheaf_store::{EntityStore, JobQueue, LogStore};
+
+use crate::config::{Config, LogStoreKind, QueueKind};
+
+/// The three stores the service uses, chosen at run time.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// Events and attempts.
+    pub log: Arc<dyn LogStore>,
+    /// Pending deliveries.
+    pub queue: Arc<dyn JobQueue>,
+    /// Tenants and destinations.
+    pub entities: Arc<dyn EntityStore>,
+}
+
+impl Stores {
+    /// Everything in this process's memory.
+    pub fn memory() -> Self {
+        Self {
+            log: Arc::new(MemoryLogStore::default()),
+            queue: Arc::new(MemoryJobQueue::default()),
+            entities: Arc::new(MemoryEntityStore::new()),
+        }
+    }
+
+    /// Connects the stores `config` names. With `migrate`, each database store creates or
+    /// upgrades its schema first (`sheaf serve` and `sheaf migrate` both do).
+    pub async fn connect(config: &Config, migrate: bool) -> anyhow::Result<Self> {
+        let memory = Self::memory();
+        let needs_postgres =
+            config.log_store == LogStoreKind::Postgres || config.queue == QueueKind::Postgres;
+        let postgres = if needs_postgres {
+            let url = config
+                .postgres_url
+                .as_deref()
+                .context("SHEAF_POSTGRES_URL is required")?;
+            Some(postgres::connect(url, &config.postgres_schema, migrate).await?)
+        } else {
+            None
+        };
+        let log: Arc<dyn LogStore> = match config.log_store {
+            LogStoreKind::Memory => memory.log,
+            LogStoreKind::Postgres => postgres
+                .as_ref()
+                .map(|pg| Arc::clone(&pg.log))
+                .context("postgres is not connected")?,
+            LogStoreKind::ClickHouse => {
+                let url = config
+                    .clickhouse_url
+                    .as_deref()
+                    .context("SHEAF_CLICKHOUSE_URL is required")?;
+                clickhouse::connect(url, &config.clickhouse_database, config.log_write, migrate)
+                    .await?
+            }
+        };
+        let queue: Arc<dyn JobQueue> = match config.queue {
+            QueueKind::Memory => memory.queue,
+            QueueKind::Postgres => postgres
+                .as_ref()
+                .map(|pg| Arc::clone(&pg.queue))
+                .context("postgres is not connected")?,
+        };
+        let entities = match &postgres {
+            Some(pg) => Arc::clone(&pg.entities),
+            None => memory.entities,
+        };
+        Ok(Self {
+            log,
+            queue,
+            entities,
+        })
+    }
+}
+
+/// The Postgres stores: all three traits over one pool and one schema.
+mod postgres {
+    use super::*;
+    use sheaf_postgres::{PostgresConfig, PostgresStores as Stores};
+
+    pub(super) struct PostgresStores {
+        pub log: Arc<dyn LogStore>,
+        pub queue: Arc<dyn JobQueue>,
+        pub entities: Arc<dyn EntityStore>,
+    }
+
+    pub(super) async fn connect(
+        url: &str,
+        schema: &str,
+        migrate: bool,
+    ) -> anyhow::Result<PostgresStores> {
+        let stores = Stores::new(PostgresConfig::new(url).with_schema(schema))
+            .context("invalid SHEAF_POSTGRES_URL or SHEAF_POSTGRES_SCHEMA")?;
+        if migrate {
+            let applied = stores
+                .migrate()
+                .await
+                .context("cannot migrate the postgres schema (SHEAF_POSTGRES_URL)")?;
+            if !applied.is_empty() {
+                tracing::info!(?applied, schema, "postgres migrations applied");
+            }
+        }
+        Ok(PostgresStores {
+            log: stores.log_store(),
+            queue: stores.job_queue(),
+            entities: stores.entity_store(),
+        })
+    }
+}
+
+/// The ClickHouse log store.
+mod clickhouse {
+    use super::*;
+    use sheaf_clickhouse::{ClickHouseConfig, ClickHouseLogStore};
+    use sheaf_coalesce::WriteConfig;
+
+    /// `url` may carry `user:password@`; the store takes them as separate fields.
+    pub(super) async fn connect(
+        url: &str,
+        database: &str,
+        write: WriteConfig,
+        migrate: bool,
+    ) -> anyhow::Result<Arc<dyn LogStore>> {
+        let mut parsed = reqwest::Url::parse(url)
+            .map_err(|e| anyhow::anyhow!("invalid SHEAF_CLICKHOUSE_URL: {e}"))?;
+        let user = (!parsed.username().is_empty()).then(|| parsed.username().to_owned());
+        let password = parsed.password().map(str::to_owned);
+        let _ = parsed.set_username("");
+        let _ = parsed.set_password(None);
+        let mut config = ClickHouseConfig::new(parsed.as_str().trim_end_matches('/'), database);
+        config.user = user;
+        config.password = password;
+        // The service's own write coalescer in front of the store issues one `insert_many` at a
+        // time, already gathered and bounded; the store's per-table coalescers then only ever see
+        // one batch queued, so waiting there would add latency and gather nothing.
+        config.write = WriteConfig {
+            max_wait: std::time::Duration::ZERO,
+            ..write
+        };
+        let store = ClickHouseLogStore::connect(config)
+            .context("invalid SHEAF_CLICKHOUSE_URL or SHEAF_CLICKHOUSE_DATABASE")?;
+        if migrate {
+            store
+                .migrate()
+                .await
+                .context("cannot migrate the clickhouse log tables (SHEAF_CLICKHOUSE_URL)")?;
+        }
+        Ok(Arc::new(store))
+    }
+}

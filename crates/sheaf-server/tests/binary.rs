@@ -1,0 +1,105 @@
+//! The `sheaf` binary itself: `--help` lists every setting, `--version`, an invalid setting stops
+//! start-up with its name, and `docs/configuration.md` has a row for every setting.
+
+use std::process::Command;
+
+use sheaf_server::SETTINGS;
+
+fn sheaf() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
+    // Only what each test sets: no SHEAF_* from the environment running the tests.
+    for (name, _) in std::env::vars() {
+        if name.starts_with("SHEAF_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+#[test]
+fn help_lists_every_setting_and_version_prints() {
+    let output = sheaf().arg("--help").output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for setting in SETTINGS {
+        assert!(
+            help.contains(setting.name),
+            "--help does not mention {}",
+            setting.name
+        );
+    }
+    assert!(help.contains("serve") && help.contains("migrate"));
+    let version = sheaf().arg("--version").output().unwrap();
+    assert!(version.status.success());
+    assert_eq!(
+        String::from_utf8(version.stdout).unwrap().trim(),
+        format!("sheaf {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn an_invalid_setting_stops_start_up_and_names_the_setting() {
+    for (name, value, expected) in [
+        (
+            "SHEAF_RETRY_LOOKUP_BATCH_SIZE",
+            "101",
+            "invalid SHEAF_RETRY_LOOKUP_BATCH_SIZE: 101 is above the maximum of 100",
+        ),
+        (
+            "SHEAF_RETRY_SCHEDULE",
+            "5s,soon",
+            "invalid SHEAF_RETRY_SCHEDULE",
+        ),
+        ("SHEAF_LOG_STORE", "cassandra", "invalid SHEAF_LOG_STORE"),
+        (
+            "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
+            "maybe",
+            "invalid SHEAF_ALLOW_PRIVATE_DESTINATIONS",
+        ),
+    ] {
+        let output = sheaf()
+            .arg("serve")
+            .env(name, value)
+            .env("SHEAF_LISTEN", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        assert!(
+            !output.status.success(),
+            "{name}={value} must stop start-up"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(expected),
+            "{name}={value}: stderr was {stderr:?}"
+        );
+    }
+    // Without an admin key the service refuses a non-loopback address, and says why.
+    let output = sheaf()
+        .arg("serve")
+        .env("SHEAF_LISTEN", "0.0.0.0:0")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("SHEAF_API_KEY"), "{stderr:?}");
+}
+
+#[test]
+fn the_configuration_reference_has_a_row_for_every_setting() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    for setting in SETTINGS {
+        let row = doc
+            .lines()
+            .find(|line| line.starts_with(&format!("| `{}` |", setting.name)))
+            .unwrap_or_else(|| panic!("docs/configuration.md has no row for {}", setting.name));
+        let default = setting
+            .default
+            .map_or("unset".to_owned(), |d| format!("`{d}`"));
+        assert!(
+            row.contains(&default),
+            "the row of {} does not give its default {default}: {row}",
+            setting.name
+        );
+    }
+}

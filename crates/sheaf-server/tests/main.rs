@@ -1,0 +1,14 @@
+//! The service's tests, one binary: real HTTP receivers on loopback, real stores.
+//!
+//! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
+//! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
+//! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
+//! - `binary`: the `sheaf` binary's help, version, configuration errors and the docs' table.
+//! - `shared`: Postgres and ClickHouse configurations, and two `sheaf` processes sharing them.
+
+mod api;
+mod binary;
+mod delivery;
+mod shared;
+mod signatures;
+mod support;

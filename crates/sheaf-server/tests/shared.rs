@@ -1,0 +1,201 @@
+//! The shared-store configurations on the real servers: Postgres queue with the ClickHouse log,
+//! Postgres for both, and two `sheaf` processes (the real binary) sharing Postgres and ClickHouse.
+
+use std::collections::HashSet;
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use crate::delivery::{OUTAGE_SETTINGS, outage_run};
+use crate::support::{Client, Receiver, env_with, publish_many};
+
+fn check_report(label: &str, report: &crate::delivery::Report) {
+    println!(
+        "{label}: {} events, {} webhook requests, {} duplicate deliveries, {} retries, {} retry lookup queries for {} lookups",
+        report.events,
+        report.requests,
+        report.duplicates,
+        report.retries,
+        report.lookup_queries,
+        report.lookup_keys
+    );
+    assert!(report.retries > 0.0, "the outage caused retries");
+    assert!(
+        report.lookup_queries * 2.0 < report.retries,
+        "lookup queries ({}) are well below retries ({})",
+        report.lookup_queries,
+        report.retries
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_queue_and_clickhouse_log_deliver_every_event_through_an_outage() {
+    let postgres = sheaf_testenv::require_postgres!("postgres_queue_and_clickhouse_log");
+    let clickhouse = sheaf_testenv::require_clickhouse!("postgres_queue_and_clickhouse_log");
+    let schema = sheaf_testenv::unique_name("srv");
+    let database = sheaf_testenv::unique_name("srv");
+    let mut env = env_with(&OUTAGE_SETTINGS);
+    for (k, v) in [
+        ("SHEAF_QUEUE", "postgres"),
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", clickhouse.as_str()),
+        ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let report = outage_run(env, "pgch", 2_000).await;
+    check_report("postgres queue + clickhouse log", &report);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_for_queue_and_log_delivers_every_event_through_an_outage() {
+    let postgres = sheaf_testenv::require_postgres!("postgres_for_queue_and_log");
+    let schema = sheaf_testenv::unique_name("srv");
+    let mut env = env_with(&OUTAGE_SETTINGS);
+    for (k, v) in [
+        ("SHEAF_QUEUE", "postgres"),
+        ("SHEAF_LOG_STORE", "postgres"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let report = outage_run(env, "pgpg", 2_000).await;
+    check_report("postgres queue + postgres log", &report);
+}
+
+/// A `sheaf serve` child process; killed (by its PID) when dropped if it is still running.
+struct Sheaf {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Sheaf {
+    fn spawn(env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
+        for (name, _) in std::env::vars() {
+            if name.starts_with("SHEAF_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .arg("serve")
+            .envs(env.iter().copied())
+            .env("SHEAF_LISTEN", "127.0.0.1:0")
+            .env("SHEAF_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("sheaf starts");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&log);
+        // Drains stderr for the life of the child, and reports the address it listens on.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("is listening on http://").nth(1) {
+                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                    let _ = tx.send(addr);
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => addr.parse().expect("a socket address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("sheaf did not start: {}", log.lock().unwrap());
+            }
+        };
+        Self { child, addr, log }
+    }
+
+    /// SIGTERM, then waits (bounded) for a clean exit.
+    fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..300 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(
+                    status.success(),
+                    "sheaf exited with {status}: {}",
+                    self.log.lock().unwrap()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("sheaf did not stop within 30 s after SIGTERM");
+    }
+}
+
+impl Drop for Sheaf {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_shared_postgres_and_clickhouse_lose_nothing() {
+    let postgres = sheaf_testenv::require_postgres!("two_processes_on_shared_stores");
+    let clickhouse = sheaf_testenv::require_clickhouse!("two_processes_on_shared_stores");
+    let schema = sheaf_testenv::unique_name("srv");
+    let database = sheaf_testenv::unique_name("srv");
+    let env = [
+        ("SHEAF_QUEUE", "postgres"),
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", clickhouse.as_str()),
+        ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
+        ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "true"),
+        ("SHEAF_RETRY_SCHEDULE", "1s,1s,2s"),
+        ("SHEAF_RETRY_MAX_ATTEMPTS", "12"),
+        ("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "50"),
+        ("SHEAF_QUEUE_POLL_INTERVAL", "50ms"),
+        ("SHEAF_DELIVERY_WORKERS", "16"),
+    ];
+    // Both processes start at once, each migrating the same schema and database.
+    let first = Sheaf::spawn(&env);
+    let second = Sheaf::spawn(&env);
+    let receiver = Receiver::start(Duration::from_secs(2)).await;
+    let a = Client::new(first.addr);
+    let b = Client::new(second.addr);
+    a.tenant_with_destination("shared", &receiver.url()).await;
+
+    // Publish through both processes at once.
+    let (ids_a, ids_b) = tokio::join!(
+        publish_many(&a, "shared", "a", 500, 16),
+        publish_many(&b, "shared", "b", 500, 16)
+    );
+    let ids: HashSet<String> = ids_a.union(&ids_b).cloned().collect();
+    assert_eq!(ids.len(), 1_000);
+    assert!(
+        receiver.wait_for(&ids, Duration::from_secs(60)).await,
+        "every event is delivered"
+    );
+    let claimed_a = a.metric("sheaf_jobs_claimed_total").await;
+    let claimed_b = b.metric("sheaf_jobs_claimed_total").await;
+    println!(
+        "two processes: 1000 events, {} webhook requests, {} duplicate deliveries, jobs claimed {claimed_a} + {claimed_b}",
+        receiver.deliveries().len(),
+        receiver.duplicate_successes(),
+    );
+    assert!(
+        claimed_a > 0.0 && claimed_b > 0.0,
+        "both processes delivered"
+    );
+    first.stop();
+    second.stop();
+}
