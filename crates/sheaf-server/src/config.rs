@@ -12,7 +12,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use sheaf_cdc::{BatchingPolicy, CdcConfig, ConnectionConfig, PublicationTables, StreamOptions};
 use sheaf_coalesce::{LookupConfig, WriteConfig};
+
+use crate::cdc::{CdcSettings, TableTenants};
 
 /// One setting: its variable name, default, what it means and which values it accepts.
 #[derive(Debug, Clone, Copy)]
@@ -279,6 +282,84 @@ pub const SETTINGS: &[Setting] = &[
         valid: "a duration, 0s..10m",
     },
     Setting {
+        name: "SHEAF_CDC_ENABLED",
+        default: Some("false"),
+        meaning: "Run the CDC source: every committed change of the published tables in the application's Postgres becomes an event (topic `<schema>.<table>.<insert|update|delete|truncate>`), published like any other and acknowledged to the replication slot only once durable.",
+        valid: "`true`, `false`",
+    },
+    Setting {
+        name: "SHEAF_CDC_POSTGRES_URL",
+        default: None,
+        meaning: "The application's database, read through logical replication (may differ from `SHEAF_POSTGRES_URL`); required when the CDC source is enabled. The role needs `LOGIN REPLICATION`, and to create the publication it must own the tables. Plain TCP with SCRAM or password authentication; query parameters are ignored.",
+        valid: "`postgres://user:password@host:port/database`",
+    },
+    Setting {
+        name: "SHEAF_CDC_SLOT",
+        default: Some("sheaf_cdc"),
+        meaning: "The logical replication slot (plugin `pgoutput`); a restart resumes from its confirmed position. Postgres lets one connection read a slot at a time: other processes given the same slot keep trying (every 30 s at most) and take over when it is free. Event ids start with `cdc-<slot>-`.",
+        valid: "1 to 63 lower-case letters, digits and `_`",
+    },
+    Setting {
+        name: "SHEAF_CDC_PUBLICATION",
+        default: Some("sheaf_cdc"),
+        meaning: "The publication whose tables are read.",
+        valid: "a non-empty name",
+    },
+    Setting {
+        name: "SHEAF_CDC_CREATE_MISSING",
+        default: Some("false"),
+        meaning: "`false`: the slot and the publication must exist (a missing one is reported and retried). `true`: create what is missing, the publication `FOR TABLE` the tables named in `SHEAF_CDC_TENANTS`.",
+        valid: "`true`, `false`; `true` needs `SHEAF_CDC_TENANTS` to name tables",
+    },
+    Setting {
+        name: "SHEAF_CDC_TENANTS",
+        default: None,
+        meaning: "Which tables feed which tenant: one tenant id for every published table (`acme`), or a comma-separated map `schema.table=tenant`, optionally with `*=tenant` for every other table. Changes of tables the map does not cover are dropped and still acknowledged; `*` never covers the tables in `SHEAF_POSTGRES_SCHEMA`. Required when the CDC source is enabled; the tenants must exist (until one does, its changes wait and are retried).",
+        valid: "a tenant id, or `schema.table=tenant,…[,*=tenant]`",
+    },
+    // Off by default, as in sheaf-cdc and seed 004: a multi-row message changes the unit of
+    // failure (one failed write fails the whole transaction's events).
+    Setting {
+        name: "SHEAF_CDC_BATCH_TRANSACTIONS",
+        default: Some("false"),
+        meaning: "Publish each replicated transaction as one batch (one log write, one enqueue, one acknowledgement) instead of one message per row. It changes the unit of failure: a failed publish retries the whole transaction's events. Transactions over the row cap (`SHEAF_CDC_CHECKPOINT_LIMIT` / 2, at most 1000) or 4 MiB of WAL still arrive in several batches. Cannot be combined with `SHEAF_CDC_BATCH_SIZE`.",
+        valid: "`true`, `false`",
+    },
+    Setting {
+        name: "SHEAF_CDC_BATCH_SIZE",
+        default: Some("0"),
+        meaning: "A batching policy instead: publish up to this many rows (possibly of several transactions) as one batch, waiting at most `SHEAF_CDC_BATCH_WAIT` for them; 0 = no policy (one row per message, or one transaction with `SHEAF_CDC_BATCH_TRANSACTIONS`).",
+        valid: "0..=10000",
+    },
+    Setting {
+        name: "SHEAF_CDC_BATCH_WAIT",
+        default: Some("20ms"),
+        meaning: "Longest wait for more rows once a policy batch (`SHEAF_CDC_BATCH_SIZE`) has its first.",
+        valid: "a duration, 0ms..10s",
+    },
+    // sheaf-cdc's default (seed 004: row cap min(1000, limit / 2), 512 by default).
+    Setting {
+        name: "SHEAF_CDC_CHECKPOINT_LIMIT",
+        default: Some("1024"),
+        meaning: "Most rows read from the slot and not yet acknowledged; the reader waits beyond it. Reader batches hold at most half of it (and at most 1000 rows).",
+        valid: "1..=1000000",
+    },
+    // Each message's publish waits on the log write and the enqueue; a few in flight let the
+    // log write coalescer and the event lookup coalescer gather them (seed 001), while the
+    // checkpoint limit still bounds the rows held.
+    Setting {
+        name: "SHEAF_CDC_MAX_IN_FLIGHT",
+        default: Some("16"),
+        meaning: "Messages from the slot being published at once; each is acknowledged on its own once durable, and the slot advances over the acknowledged prefix only. 1 publishes strictly one after another.",
+        valid: "1..=1024",
+    },
+    Setting {
+        name: "SHEAF_CDC_HEARTBEAT_INTERVAL",
+        default: Some("0s"),
+        meaning: "When above 0, a logical decoding message is written to the application's database on this interval, so the slot keeps advancing when the published tables are idle; 0s = off (keepalives already advance it when other databases write WAL).",
+        valid: "`0s`, or a duration 1s..1h",
+    },
+    Setting {
         name: "SHEAF_LOG",
         default: Some("info"),
         meaning: "Log filter for the service's own log lines (tracing `EnvFilter` syntax).",
@@ -413,6 +494,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// `SHEAF_LOG`.
     pub log_filter: String,
+    /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
+    pub cdc: Option<CdcSettings>,
 }
 
 /// The raw values of one load: file values overlaid by the environment, and which names
@@ -854,6 +937,8 @@ impl Config {
             Duration::from_secs(600),
         )?;
         let log_filter = raw.value("SHEAF_LOG");
+        let postgres_stores = log_store == LogStoreKind::Postgres || queue == QueueKind::Postgres;
+        let cdc = parse_cdc(raw, postgres_stores.then_some(postgres_schema.as_str()))?;
         Ok(Self {
             listen,
             api_key,
@@ -880,8 +965,134 @@ impl Config {
             entity_cache_ttl,
             shutdown_timeout,
             log_filter,
+            cdc,
         })
     }
+}
+
+/// The `SHEAF_CDC_*` settings. Every value is checked whether or not the source is enabled;
+/// the URL and the tenants are required only when it is. `sheaf_schema` is
+/// `SHEAF_POSTGRES_SCHEMA` when a store lives in Postgres: its tables never feed the source.
+fn parse_cdc(raw: &Raw, sheaf_schema: Option<&str>) -> Result<Option<CdcSettings>, ConfigError> {
+    let enabled = raw.bool("SHEAF_CDC_ENABLED")?;
+    let url = raw.optional("SHEAF_CDC_POSTGRES_URL");
+    let slot = raw.value("SHEAF_CDC_SLOT");
+    let publication = raw.value("SHEAF_CDC_PUBLICATION");
+    let create_missing = raw.bool("SHEAF_CDC_CREATE_MISSING")?;
+    let tenants = raw
+        .optional("SHEAF_CDC_TENANTS")
+        .map(|t| TableTenants::parse(&t))
+        .transpose()
+        .map_err(|m| ConfigError::new("SHEAF_CDC_TENANTS", m))?;
+    let batch_transactions = raw.bool("SHEAF_CDC_BATCH_TRANSACTIONS")?;
+    let batch_size = raw.usize("SHEAF_CDC_BATCH_SIZE", 0, 10_000)?;
+    let batch_wait = raw.duration(
+        "SHEAF_CDC_BATCH_WAIT",
+        Duration::ZERO,
+        Duration::from_secs(10),
+    )?;
+    let checkpoint_limit = raw.usize("SHEAF_CDC_CHECKPOINT_LIMIT", 1, 1_000_000)?;
+    let max_in_flight = raw.usize("SHEAF_CDC_MAX_IN_FLIGHT", 1, 1024)?;
+    let heartbeat = raw.duration(
+        "SHEAF_CDC_HEARTBEAT_INTERVAL",
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )?;
+    if !heartbeat.is_zero() && heartbeat < Duration::from_secs(1) {
+        return Err(ConfigError::new(
+            "SHEAF_CDC_HEARTBEAT_INTERVAL",
+            format!(
+                "{} is below the minimum of 1s (0s turns the heartbeat off)",
+                format_duration(heartbeat)
+            ),
+        ));
+    }
+    let stream = StreamOptions {
+        checkpoint_limit,
+        batch_transactions,
+        batching: (batch_size > 0).then_some(BatchingPolicy {
+            count: batch_size,
+            max_wait: batch_wait,
+        }),
+        filter: None,
+    };
+    // sheaf-cdc names the fields in conflict; the error names the settings too.
+    stream.validate().map_err(|e| cdc_error(&e, batch_size))?;
+    if !enabled {
+        return Ok(None);
+    }
+    let url = url.ok_or_else(|| {
+        ConfigError::new(
+            "SHEAF_CDC_POSTGRES_URL",
+            "is required when SHEAF_CDC_ENABLED is true",
+        )
+    })?;
+    let connection = ConnectionConfig::from_url(&url)
+        .map_err(|e| ConfigError::new("SHEAF_CDC_POSTGRES_URL", e.to_string()))?;
+    let mut tenants = tenants.ok_or_else(|| {
+        ConfigError::new(
+            "SHEAF_CDC_TENANTS",
+            "is required when SHEAF_CDC_ENABLED is true (a tenant id, or schema.table=tenant,…)",
+        )
+    })?;
+    if let Some(schema) = sheaf_schema {
+        if tenants.schemas().contains(schema) {
+            return Err(ConfigError::new(
+                "SHEAF_CDC_TENANTS",
+                format!(
+                    "names a table in {schema:?}, the schema of Sheaf's own tables (SHEAF_POSTGRES_SCHEMA): its changes would feed Sheaf its own writes"
+                ),
+            ));
+        }
+        tenants.exclude_schema(schema);
+    }
+    let mut source = CdcConfig::new(connection, slot, publication);
+    if create_missing {
+        let tables = tenants.tables();
+        if tables.is_empty() {
+            return Err(ConfigError::new(
+                "SHEAF_CDC_CREATE_MISSING",
+                "is true but SHEAF_CDC_TENANTS names no table to publish; name them (schema.table=tenant,…) or create the publication yourself",
+            ));
+        }
+        source.create_missing = Some(PublicationTables::Tables(tables));
+    }
+    source.stream = stream;
+    source.heartbeat_interval = (!heartbeat.is_zero()).then_some(heartbeat);
+    source.application_name = "sheaf".to_owned();
+    source.validate().map_err(|e| cdc_error(&e, batch_size))?;
+    Ok(Some(CdcSettings {
+        source,
+        tenants,
+        max_in_flight,
+    }))
+}
+
+/// A `sheaf-cdc` configuration error as a [`ConfigError`] naming the setting of the field it
+/// names (`sheaf-cdc` writes field names in backquotes).
+fn cdc_error(error: &sheaf_cdc::Error, batch_size: usize) -> ConfigError {
+    let text = error.to_string();
+    if text.contains("`batch_transactions`") {
+        return ConfigError::new(
+            "SHEAF_CDC_BATCH_TRANSACTIONS",
+            format!(
+                "true cannot be combined with SHEAF_CDC_BATCH_SIZE={batch_size} (a batching policy): {text}"
+            ),
+        );
+    }
+    let setting = [
+        ("`slot`", "SHEAF_CDC_SLOT"),
+        ("`publication`", "SHEAF_CDC_PUBLICATION"),
+        ("`checkpoint_limit`", "SHEAF_CDC_CHECKPOINT_LIMIT"),
+        ("`batching", "SHEAF_CDC_BATCH_SIZE"),
+        ("`create_missing`", "SHEAF_CDC_CREATE_MISSING"),
+        ("`heartbeat_interval`", "SHEAF_CDC_HEARTBEAT_INTERVAL"),
+        ("connection URL", "SHEAF_CDC_POSTGRES_URL"),
+    ]
+    .into_iter()
+    .find(|(field, _)| text.contains(field))
+    .map_or("SHEAF_CDC_ENABLED", |(_, setting)| setting);
+    ConfigError::new(setting, text)
 }
 
 /// The settings section of `sheaf --help`, from [`SETTINGS`].
@@ -973,6 +1184,159 @@ mod tests {
         let err = Config::load(env(&[("SHEAF_CONFIG_FILE", path.to_str().unwrap())])).unwrap_err();
         assert_eq!(err.setting, "SHEAF_CONFIG_FILE");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    const CDC_URL: &str = "postgres://app:secret@127.0.0.1:5432/app";
+
+    fn cdc_env(extra: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut pairs = vec![
+            ("SHEAF_CDC_ENABLED", "true"),
+            ("SHEAF_CDC_POSTGRES_URL", CDC_URL),
+            ("SHEAF_CDC_TENANTS", "public.orders=acme,*=other"),
+        ];
+        pairs.extend_from_slice(extra);
+        env(&pairs)
+    }
+
+    #[test]
+    fn the_cdc_source_is_off_by_default_and_built_from_its_settings() {
+        assert!(Config::load(HashMap::new()).unwrap().cdc.is_none());
+        let config = Config::load(cdc_env(&[
+            ("SHEAF_CDC_SLOT", "app_slot"),
+            ("SHEAF_CDC_PUBLICATION", "app_pub"),
+            ("SHEAF_CDC_CREATE_MISSING", "true"),
+            ("SHEAF_CDC_BATCH_TRANSACTIONS", "true"),
+            ("SHEAF_CDC_CHECKPOINT_LIMIT", "200"),
+            ("SHEAF_CDC_HEARTBEAT_INTERVAL", "30s"),
+            ("SHEAF_CDC_MAX_IN_FLIGHT", "4"),
+        ]))
+        .unwrap();
+        let cdc = config.cdc.expect("enabled");
+        assert_eq!(cdc.source.slot, "app_slot");
+        assert_eq!(cdc.source.publication, "app_pub");
+        assert_eq!(cdc.source.connection.database, "app");
+        assert_eq!(
+            cdc.source.create_missing,
+            Some(PublicationTables::Tables(vec!["public.orders".into()]))
+        );
+        assert!(cdc.source.stream.batch_transactions);
+        assert_eq!(cdc.source.stream.batching, None);
+        assert_eq!(cdc.source.stream.checkpoint_limit, 200);
+        assert_eq!(cdc.source.heartbeat_interval, Some(Duration::from_secs(30)));
+        assert_eq!(cdc.max_in_flight, 4);
+        assert_eq!(
+            cdc.tenants.tenant_for("public", "orders").unwrap().as_str(),
+            "acme"
+        );
+
+        let policy = Config::load(cdc_env(&[
+            ("SHEAF_CDC_BATCH_SIZE", "50"),
+            ("SHEAF_CDC_BATCH_WAIT", "5ms"),
+        ]))
+        .unwrap()
+        .cdc
+        .unwrap();
+        assert_eq!(
+            policy.source.stream.batching,
+            Some(BatchingPolicy {
+                count: 50,
+                max_wait: Duration::from_millis(5)
+            })
+        );
+        assert_eq!(policy.source.heartbeat_interval, None, "0s is off");
+    }
+
+    #[test]
+    fn batch_transactions_with_a_batch_size_names_both_settings_and_fields() {
+        let err = Config::load(cdc_env(&[
+            ("SHEAF_CDC_BATCH_TRANSACTIONS", "true"),
+            ("SHEAF_CDC_BATCH_SIZE", "100"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.setting, "SHEAF_CDC_BATCH_TRANSACTIONS");
+        let text = err.to_string();
+        for name in [
+            "SHEAF_CDC_BATCH_TRANSACTIONS",
+            "SHEAF_CDC_BATCH_SIZE",
+            "`batch_transactions`",
+            "`batching`",
+        ] {
+            assert!(text.contains(name), "{name} missing from {text:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_cdc_values_name_their_setting() {
+        for (extra, setting) in [
+            (
+                vec![("SHEAF_CDC_POSTGRES_URL", "")],
+                "SHEAF_CDC_POSTGRES_URL",
+            ),
+            (
+                vec![("SHEAF_CDC_POSTGRES_URL", "mysql://u@h/d")],
+                "SHEAF_CDC_POSTGRES_URL",
+            ),
+            (vec![("SHEAF_CDC_TENANTS", "")], "SHEAF_CDC_TENANTS"),
+            (
+                vec![("SHEAF_CDC_TENANTS", "orders=acme")],
+                "SHEAF_CDC_TENANTS",
+            ),
+            (vec![("SHEAF_CDC_SLOT", "Bad-Slot")], "SHEAF_CDC_SLOT"),
+            (vec![("SHEAF_CDC_PUBLICATION", "")], "SHEAF_CDC_PUBLICATION"),
+            (vec![("SHEAF_CDC_ENABLED", "perhaps")], "SHEAF_CDC_ENABLED"),
+            (
+                vec![("SHEAF_CDC_CHECKPOINT_LIMIT", "0")],
+                "SHEAF_CDC_CHECKPOINT_LIMIT",
+            ),
+            (vec![("SHEAF_CDC_BATCH_SIZE", "x")], "SHEAF_CDC_BATCH_SIZE"),
+            (vec![("SHEAF_CDC_BATCH_WAIT", "1h")], "SHEAF_CDC_BATCH_WAIT"),
+            (
+                vec![("SHEAF_CDC_MAX_IN_FLIGHT", "0")],
+                "SHEAF_CDC_MAX_IN_FLIGHT",
+            ),
+            (
+                vec![("SHEAF_CDC_HEARTBEAT_INTERVAL", "500ms")],
+                "SHEAF_CDC_HEARTBEAT_INTERVAL",
+            ),
+            (
+                vec![
+                    ("SHEAF_CDC_TENANTS", "acme"),
+                    ("SHEAF_CDC_CREATE_MISSING", "true"),
+                ],
+                "SHEAF_CDC_CREATE_MISSING",
+            ),
+            (
+                vec![
+                    ("SHEAF_QUEUE", "postgres"),
+                    ("SHEAF_POSTGRES_URL", CDC_URL),
+                    ("SHEAF_CDC_TENANTS", "sheaf.events=acme"),
+                ],
+                "SHEAF_CDC_TENANTS",
+            ),
+        ] {
+            let err = Config::load(cdc_env(&extra)).unwrap_err();
+            assert_eq!(err.setting, setting, "{extra:?}: {err}");
+            assert!(
+                !err.to_string().contains("secret"),
+                "never the password: {err}"
+            );
+        }
+        // Without SHEAF_CDC_ENABLED, the URL and the tenants are not required.
+        let config = Config::load(env(&[("SHEAF_CDC_SLOT", "other_slot")])).unwrap();
+        assert!(config.cdc.is_none());
+    }
+
+    #[test]
+    fn sheaf_s_own_schema_never_feeds_the_catch_all() {
+        let config = Config::load(cdc_env(&[
+            ("SHEAF_LOG_STORE", "postgres"),
+            ("SHEAF_POSTGRES_URL", CDC_URL),
+            ("SHEAF_POSTGRES_SCHEMA", "sheaf_x"),
+        ]))
+        .unwrap();
+        let tenants = config.cdc.unwrap().tenants;
+        assert_eq!(tenants.tenant_for("sheaf_x", "events"), None);
+        assert_eq!(tenants.tenant_for("app", "t").unwrap().as_str(), "other");
     }
 
     #[test]

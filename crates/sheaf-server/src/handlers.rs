@@ -20,6 +20,7 @@ use crate::api::{ApiJson, ApiPath, ApiQuery, AppState, OptionalJson};
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::guard::check_url;
+use crate::metrics::CdcState;
 use crate::publish::{PublishRequest, RetryRequest};
 use crate::webhook::{RESERVED_HEADERS, generate_secret};
 
@@ -65,7 +66,21 @@ pub(crate) async fn readyz(State(core): State<AppState>) -> ApiResult {
             ));
         }
     }
-    Ok(Json(json!({ "status": "ready" })).into_response())
+    // The CDC source's state is reported, not required: the API and deliveries work while the
+    // application's database is away, and the source catches up from its slot when it is back.
+    let cdc = &core.metrics.cdc;
+    let body = match cdc.state() {
+        CdcState::Disabled => json!({ "status": "ready" }),
+        state => json!({
+            "status": "ready",
+            "cdc": {
+                "state": state.as_str(),
+                "confirmed_lsn": sheaf_cdc::Lsn(cdc.confirmed_lsn.load(std::sync::atomic::Ordering::Relaxed)).to_string(),
+                "last_error": cdc.last_error(),
+            },
+        }),
+    };
+    Ok(Json(body).into_response())
 }
 
 pub(crate) async fn metrics(State(core): State<AppState>) -> Response {

@@ -6,12 +6,14 @@
 //! - [`core`]: the state shared by the API and the engine: caches and coalescers.
 //! - [`publish`]: publish and manual retry, the two ways jobs enter the queue.
 //! - [`engine`]: dispatcher, workers and completer.
+//! - [`cdc`]: the CDC source: changes of the application's Postgres become events.
 //! - [`webhook`]: Standard Webhooks signing and the POST.
 //! - [`api`], [`handlers`], [`openapi`], [`error`]: the HTTP API.
 //! - [`metrics`]: the Prometheus page.
 //! - [`server`]: start and graceful stop, used by the binary and by the tests.
 
 pub mod api;
+pub mod cdc;
 pub mod config;
 pub mod core;
 pub mod engine;

@@ -99,6 +99,99 @@ pub struct Metrics {
     pub fresh_cache_hits: AtomicU64,
     /// First deliveries whose payload was read from the log store.
     pub fresh_cache_misses: AtomicU64,
+    /// The CDC source's counters and state.
+    pub cdc: CdcMetrics,
+}
+
+/// What the CDC source is doing, for `/readyz` and `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CdcState {
+    /// Not configured (`SHEAF_CDC_ENABLED=false`).
+    Disabled,
+    /// Connecting, checking or creating the slot and publication.
+    Starting,
+    /// Reading the slot and publishing.
+    Streaming,
+    /// The stream failed (or could not start); it starts again after a backoff.
+    Restarting,
+    /// Stopped by shutdown.
+    Stopped,
+}
+
+impl CdcState {
+    const ALL: [CdcState; 5] = [
+        CdcState::Disabled,
+        CdcState::Starting,
+        CdcState::Streaming,
+        CdcState::Restarting,
+        CdcState::Stopped,
+    ];
+
+    /// Lower-case name, as `/readyz` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CdcState::Disabled => "disabled",
+            CdcState::Starting => "starting",
+            CdcState::Streaming => "streaming",
+            CdcState::Restarting => "restarting",
+            CdcState::Stopped => "stopped",
+        }
+    }
+}
+
+/// The CDC source's counters, gauges and state.
+#[derive(Debug, Default)]
+pub struct CdcMetrics {
+    state: std::sync::atomic::AtomicU8,
+    last_error: std::sync::Mutex<Option<String>>,
+    /// Row changes received from the slot (after the table filter).
+    pub changes: AtomicU64,
+    /// Changes of tables `SHEAF_CDC_TENANTS` does not cover, dropped (and still acknowledged).
+    pub dropped: AtomicU64,
+    /// Events the CDC source published for the first time.
+    pub events_published: AtomicU64,
+    /// Changes whose event was already known (re-read after a restart or a crash).
+    pub event_repeats: AtomicU64,
+    /// Messages acknowledged to the slot after their events were durable.
+    pub acks: AtomicU64,
+    /// Publish attempts that failed (the message is retried, never skipped).
+    pub publish_failures: AtomicU64,
+    /// Times the stream was started again after an error.
+    pub restarts: AtomicU64,
+    /// Rows read from the slot and not yet acknowledged, as of the last message.
+    pub rows_in_flight: AtomicU64,
+    /// Commit time (Unix microseconds) of the newest acknowledged change; 0 before the first.
+    pub last_ack_commit_micros: std::sync::atomic::AtomicI64,
+    /// The slot position confirmed by this process (an LSN as a number).
+    pub confirmed_lsn: AtomicU64,
+}
+
+impl CdcMetrics {
+    /// The current state.
+    pub fn state(&self) -> CdcState {
+        let i = usize::from(self.state.load(Ordering::Relaxed));
+        CdcState::ALL.get(i).copied().unwrap_or(CdcState::Disabled)
+    }
+
+    /// Sets the state.
+    pub fn set_state(&self, state: CdcState) {
+        let i = CdcState::ALL.iter().position(|s| *s == state).unwrap_or(0);
+        self.state
+            .store(u8::try_from(i).unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The error that last stopped or refused the stream, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the error that stopped or refused the stream (`None` once it streams again).
+    pub fn set_last_error(&self, error: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = error;
+    }
 }
 
 /// Everything `/metrics` renders.
@@ -346,6 +439,71 @@ pub fn render(sources: &MetricSources, depth: Option<QueueDepth>) -> String {
         "First deliveries whose payload was read from the log store.",
         read(&m.fresh_cache_misses),
     );
+
+    let cdc = &m.cdc;
+    if cdc.state() != CdcState::Disabled {
+        w.counter(
+            "sheaf_cdc_changes_total",
+            "Row changes received from the replication slot.",
+            read(&cdc.changes),
+        );
+        w.counter(
+            "sheaf_cdc_changes_dropped_total",
+            "Changes of tables SHEAF_CDC_TENANTS does not cover (dropped, still acknowledged).",
+            read(&cdc.dropped),
+        );
+        w.counter(
+            "sheaf_cdc_events_published_total",
+            "Events the CDC source published for the first time.",
+            read(&cdc.events_published),
+        );
+        w.counter(
+            "sheaf_cdc_event_repeats_total",
+            "Changes whose event was already known (re-read after a restart): not published twice.",
+            read(&cdc.event_repeats),
+        );
+        w.counter(
+            "sheaf_cdc_acks_total",
+            "Messages acknowledged to the slot after their events were durable.",
+            read(&cdc.acks),
+        );
+        w.counter(
+            "sheaf_cdc_publish_failures_total",
+            "CDC publish attempts that failed; the message is retried, never skipped.",
+            read(&cdc.publish_failures),
+        );
+        w.counter(
+            "sheaf_cdc_restarts_total",
+            "Times the replication stream was started again after an error.",
+            read(&cdc.restarts),
+        );
+        w.header(
+            "sheaf_cdc_streaming",
+            "gauge",
+            "1 while the CDC source reads its slot, 0 otherwise.",
+        );
+        w.sample(
+            "sheaf_cdc_streaming",
+            "",
+            u8::from(cdc.state() == CdcState::Streaming),
+        );
+        w.header(
+            "sheaf_cdc_rows_in_flight",
+            "gauge",
+            "Rows read from the slot and not yet acknowledged.",
+        );
+        w.sample("sheaf_cdc_rows_in_flight", "", read(&cdc.rows_in_flight));
+        w.header(
+            "sheaf_cdc_last_ack_commit_timestamp_seconds",
+            "gauge",
+            "Commit time of the newest acknowledged change (Unix seconds); time() minus it is the lag while changes flow.",
+        );
+        w.sample(
+            "sheaf_cdc_last_ack_commit_timestamp_seconds",
+            "",
+            cdc.last_ack_commit_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        );
+    }
 
     if let Some(depth) = depth {
         w.header(

@@ -95,7 +95,7 @@ fn schemas() -> Value {
                 "tenant_id": { "type": "string" },
                 "topic": { "type": "string" },
                 "data": { "description": "Any JSON; delivered as the webhook body." },
-                "id": { "type": "string", "description": "Idempotency key: the same id again never causes a second delivery." }
+                "id": { "type": "string", "description": "Idempotency key: the same id again never causes a second delivery. Ids starting with `cdc-` are reserved for the CDC source." }
             }
         },
         "Published": {

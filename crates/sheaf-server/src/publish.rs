@@ -19,6 +19,10 @@
 //! including after the first delivery completed and its job is gone, and a publish that
 //! failed between its two writes is repaired by the client's retry.
 //!
+//! [`publish_events`] runs the same steps for many events of one tenant at once, with one log
+//! write and one enqueue: it is the CDC source's path. Ids starting with [`CDC_ID_PREFIX`] are
+//! the CDC source's and refused from publishers.
+//!
 //! # Manual retry
 //! A new job with a random UUIDv7 id (delivery jobs' derived ids are version 8, which is how a
 //! worker tells them apart): its first attempt is marked `manual`, and being newer than any
@@ -39,6 +43,7 @@ use uuid::Uuid;
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::logio::LogRecord;
+use crate::metrics::Metrics;
 
 /// The body of `POST /api/v1/publish`.
 #[derive(Debug, Deserialize)]
@@ -104,125 +109,241 @@ fn matches(destination: &Destination, event: &Event) -> bool {
     destination.enabled && destination.topics.matches(&event.topic)
 }
 
+/// The prefix of the event ids the CDC source derives (`cdc-<slot>-<commit LSN>-<position>`).
+/// Publishers may not choose ids that start with it, so a CDC event never collides with a
+/// published one.
+pub const CDC_ID_PREFIX: &str = "cdc-";
+
 /// Publishes an event: see the module docs.
 pub async fn publish(core: &Arc<Core>, request: PublishRequest) -> Result<Published, ApiError> {
     let tenant_id = TenantId::new(request.tenant_id)?;
     validate_topic(&request.topic)?;
     let (id, chosen) = match request.id {
-        Some(id) => (EventId::new(id)?, true),
+        Some(id) => {
+            if id.starts_with(CDC_ID_PREFIX) {
+                return Err(ApiError::invalid(format!(
+                    "event ids starting with {CDC_ID_PREFIX:?} are reserved for the CDC source"
+                )));
+            }
+            (EventId::new(id)?, true)
+        }
         None => (EventId::generate(), false),
     };
-    let entry = core.entities.get(&tenant_id).await?;
+    let event = NewEvent {
+        id,
+        chosen,
+        topic: request.topic,
+        data: Payload::new(request.data),
+    };
+    let mut published = publish_events(core, &tenant_id, vec![event]).await?;
+    published
+        .pop()
+        .ok_or_else(|| ApiError::internal("publish returned no result"))
+}
+
+/// One event for [`publish_events`], its id already decided.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// The event's id.
+    pub id: EventId,
+    /// Whether the id came from outside (a publisher's idempotency key, a CDC position), so it
+    /// may be known already and is looked up; a generated id is new by construction.
+    pub chosen: bool,
+    /// What kind of event.
+    pub topic: String,
+    /// The JSON delivered to destinations.
+    pub data: Payload,
+}
+
+/// Publishes several events of one tenant: the module docs' steps, with every new event of the
+/// call in one log write (one hand-off to the write coalescer) and every job in one enqueue.
+/// Returns one [`Published`] per event, in order. The CDC source publishes a replicated
+/// transaction this way; `publish` is the call with one event.
+///
+/// `Ok` means every event is durable in the log and its jobs are enqueued (or it was a repeat).
+/// On `Err` any subset may have been written; calling again with the same events is safe, as
+/// for a client retrying a publish: known ids become repeats.
+pub async fn publish_events(
+    core: &Arc<Core>,
+    tenant_id: &TenantId,
+    events: Vec<NewEvent>,
+) -> Result<Vec<Published>, ApiError> {
+    for event in &events {
+        validate_topic(&event.topic)?;
+    }
+    let entry = core.entities.get(tenant_id).await?;
     if entry.tenant.is_none() {
         return Err(ApiError::unknown_tenant(tenant_id.as_str()));
     }
-    let key = EventKey {
+    let key_of = |id: &EventId| EventKey {
         tenant_id: tenant_id.clone(),
         event_id: id.clone(),
     };
-    if core.accepted.contains_key(&key) {
-        core.metrics
-            .publish_repeats
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return Ok(Published {
-            id,
-            repeat: true,
-            jobs: 0,
-        });
+    let mut results: Vec<Option<Published>> = vec![None; events.len()];
+    let repeat = |id: &EventId, jobs: usize| Published {
+        id: id.clone(),
+        repeat: true,
+        jobs,
+    };
+    // Ids accepted recently by this process, and ids repeated within this call, are repeats.
+    let mut seen = std::collections::HashSet::with_capacity(events.len());
+    let mut to_check = Vec::new();
+    for (i, event) in events.iter().enumerate() {
+        if !seen.insert(event.id.clone()) || core.accepted.contains_key(&key_of(&event.id)) {
+            results[i] = Some(repeat(&event.id, 0));
+        } else if event.chosen {
+            to_check.push(i);
+        }
     }
-    if chosen {
-        let known = core.events.lookup(key.clone()).await.map_err(|e| {
+    // Chosen ids are looked up in the log store; the lookups go through the event coalescer
+    // together, so a batch of ids costs a few `get_events` queries, not one per id.
+    let known = futures::future::join_all(
+        to_check
+            .iter()
+            .map(|&i| core.events.lookup(key_of(&events[i].id))),
+    )
+    .await;
+    let mut repeats = Vec::new();
+    for (&i, found) in to_check.iter().zip(known) {
+        let found = found.map_err(|e| {
             ApiError::unavailable(format!(
                 "could not check whether the event id is known: {e}"
             ))
         })?;
-        if let Some(event) = known {
-            let jobs = repair(core, &event, &entry.destinations).await?;
-            core.accepted.insert(key, ()).await;
-            core.metrics
-                .publish_repeats
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Ok(Published {
-                id,
-                repeat: true,
+        if let Some(stored) = found {
+            repeats.push((i, stored));
+        }
+    }
+    if !repeats.is_empty() {
+        let stored: Vec<Event> = repeats.iter().map(|(_, e)| e.clone()).collect();
+        let jobs = repair(core, &stored, &entry.destinations).await?;
+        for ((i, event), jobs) in repeats.into_iter().zip(jobs) {
+            core.accepted.insert(event.key(), ()).await;
+            results[i] = Some(repeat(&event.id, jobs));
+        }
+    }
+    let repeat_count = results.iter().flatten().count();
+    Metrics::add(&core.metrics.publish_repeats, repeat_count);
+
+    let now = Timestamp::now();
+    let fresh: Vec<(usize, Event)> = events
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| results[*i].is_none())
+        .map(|(i, e)| {
+            (
+                i,
+                Event {
+                    tenant_id: tenant_id.clone(),
+                    id: e.id,
+                    topic: e.topic,
+                    time: now,
+                    data: e.data,
+                },
+            )
+        })
+        .collect();
+    if !fresh.is_empty() {
+        for (_, event) in &fresh {
+            core.fresh.insert(event.key(), event.clone()).await;
+        }
+        core.log_writer
+            .hand_off(
+                fresh
+                    .iter()
+                    .map(|(_, e)| LogRecord::Event(e.clone()))
+                    .collect(),
+            )
+            .await
+            .map_err(|e| ApiError::unavailable(format!("could not record the event: {e}")))?;
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut counts = Vec::with_capacity(fresh.len());
+        for (_, event) in &fresh {
+            let before = jobs.len();
+            jobs.extend(
+                entry
+                    .destinations
+                    .iter()
+                    .filter(|d| matches(d, event))
+                    .map(|d| job_for(event, d, now)),
+            );
+            counts.push(jobs.len() - before);
+        }
+        if !jobs.is_empty() {
+            core.stores
+                .queue
+                .enqueue(&jobs)
+                .await
+                .map_err(|e| ApiError::unavailable(format!("could not enqueue deliveries: {e}")))?;
+            core.wake.notify_one();
+        }
+        Metrics::add(&core.metrics.events_published, fresh.len());
+        Metrics::add(&core.metrics.jobs_enqueued, jobs.len());
+        for ((i, event), jobs) in fresh.into_iter().zip(counts) {
+            core.accepted.insert(event.key(), ()).await;
+            results[i] = Some(Published {
+                id: event.id,
+                repeat: false,
                 jobs,
             });
         }
     }
-    let now = Timestamp::now();
-    let event = Event {
-        tenant_id: tenant_id.clone(),
-        id: id.clone(),
-        topic: request.topic,
-        time: now,
-        data: Payload::new(request.data),
-    };
-    core.fresh.insert(key.clone(), event.clone()).await;
-    core.log_writer
-        .hand_off(vec![LogRecord::Event(event.clone())])
-        .await
-        .map_err(|e| ApiError::unavailable(format!("could not record the event: {e}")))?;
-    let jobs: Vec<Job> = entry
-        .destinations
-        .iter()
-        .filter(|d| matches(d, &event))
-        .map(|d| job_for(&event, d, now))
-        .collect();
-    if !jobs.is_empty() {
-        core.stores
-            .queue
-            .enqueue(&jobs)
-            .await
-            .map_err(|e| ApiError::unavailable(format!("could not enqueue deliveries: {e}")))?;
-        core.wake.notify_one();
-    }
-    core.accepted.insert(key, ()).await;
-    crate::metrics::Metrics::inc(&core.metrics.events_published);
-    crate::metrics::Metrics::add(&core.metrics.jobs_enqueued, jobs.len());
-    Ok(Published {
-        id,
-        repeat: false,
-        jobs: jobs.len(),
-    })
+    Ok(results.into_iter().flatten().collect())
 }
 
-/// A repeat of an event already in the log: enqueues the jobs of matching destinations (that
-/// existed when it was published) which have no attempt logged. See the module docs.
+/// Most keys per `latest_attempts` call of a repair: every backend accepts 1,000.
+const REPAIR_KEYS_PER_QUERY: usize = 1_000;
+
+/// Repeats of events already in the log: enqueues the jobs of matching destinations (that
+/// existed when each was published) which have no attempt logged, all in one enqueue; returns
+/// the jobs enqueued per event. See the module docs.
 async fn repair(
     core: &Arc<Core>,
-    event: &Event,
+    events: &[Event],
     destinations: &[Destination],
-) -> Result<usize, ApiError> {
-    let candidates: Vec<&Destination> = destinations
-        .iter()
-        .filter(|d| matches(d, event) && d.created_at <= event.time)
-        .collect();
-    if candidates.is_empty() {
-        return Ok(0);
+) -> Result<Vec<usize>, ApiError> {
+    let mut candidates: Vec<(usize, &Destination, AttemptKey)> = Vec::new();
+    for (i, event) in events.iter().enumerate() {
+        for d in destinations
+            .iter()
+            .filter(|d| matches(d, event) && d.created_at <= event.time)
+        {
+            let key = AttemptKey {
+                tenant_id: event.tenant_id.clone(),
+                event_id: event.id.clone(),
+                destination_id: d.id,
+                attempt_time: Timestamp::UNIX_EPOCH,
+            };
+            candidates.push((i, d, key));
+        }
     }
-    let keys: Vec<AttemptKey> = candidates
-        .iter()
-        .map(|d| AttemptKey {
-            tenant_id: event.tenant_id.clone(),
-            event_id: event.id.clone(),
-            destination_id: d.id,
-            attempt_time: Timestamp::UNIX_EPOCH,
-        })
-        .collect();
-    let attempted = core.stores.log.latest_attempts(&keys).await?;
+    let mut counts = vec![0; events.len()];
+    if candidates.is_empty() {
+        return Ok(counts);
+    }
+    let mut attempted = std::collections::HashMap::new();
+    for chunk in candidates.chunks(REPAIR_KEYS_PER_QUERY) {
+        let keys: Vec<AttemptKey> = chunk.iter().map(|(_, _, k)| k.clone()).collect();
+        attempted.extend(core.stores.log.latest_attempts(&keys).await?);
+    }
     let now = Timestamp::now();
-    let jobs: Vec<Job> = candidates
-        .iter()
-        .zip(&keys)
-        .filter(|(_, key)| !attempted.contains_key(*key))
-        .map(|(d, _)| job_for(event, d, now))
-        .collect();
+    let mut jobs = Vec::new();
+    for (i, d, key) in &candidates {
+        if !attempted.contains_key(key) {
+            jobs.push(job_for(&events[*i], d, now));
+            counts[*i] += 1;
+        }
+    }
     if !jobs.is_empty() {
-        core.fresh.insert(event.key(), event.clone()).await;
+        for (i, event) in events.iter().enumerate() {
+            if counts[i] > 0 {
+                core.fresh.insert(event.key(), event.clone()).await;
+            }
+        }
         core.stores.queue.enqueue(&jobs).await?;
         core.wake.notify_one();
     }
-    Ok(jobs.len())
+    Ok(counts)
 }
 
 /// The body of `POST /api/v1/tenants/{tenant_id}/retry`.

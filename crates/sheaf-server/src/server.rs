@@ -1,4 +1,5 @@
-//! Starting and stopping one `sheaf` process: stores, core, HTTP server and delivery engine.
+//! Starting and stopping one `sheaf` process: stores, core, HTTP server, delivery engine and,
+//! when configured, the CDC source.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,6 +8,7 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::cdc::CdcRunner;
 use crate::config::Config;
 use crate::core::Core;
 use crate::engine::Engine;
@@ -22,6 +24,7 @@ pub struct Running {
     stop_http: CancellationToken,
     http: JoinHandle<std::io::Result<()>>,
     engine: Engine,
+    cdc: Option<CdcRunner>,
 }
 
 /// Connects the configured stores (migrating database schemas) and starts the service.
@@ -38,6 +41,11 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
     let addr = listener.local_addr()?;
     let core = Core::new(config, stores)?;
     let engine = Engine::start(Arc::clone(&core))?;
+    let cdc = core
+        .config
+        .cdc
+        .clone()
+        .map(|settings| CdcRunner::start(Arc::clone(&core), settings));
     let router = crate::api::router(Arc::clone(&core));
     let stop_http = CancellationToken::new();
     let http = tokio::spawn(
@@ -51,18 +59,28 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         stop_http,
         http,
         engine,
+        cdc,
     })
 }
 
 impl Running {
     /// Stops gracefully: the HTTP server stops accepting and finishes its requests (so every
-    /// accepted publish is durable), the engine stops claiming, finishes in-flight deliveries up
-    /// to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted claims, then the completer and the
-    /// write coalescer flush.
+    /// accepted publish is durable) while the CDC source stops reading, finishes the publishes
+    /// under way, acknowledges them and reports its position; then the engine stops claiming,
+    /// finishes in-flight deliveries up to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted
+    /// claims, then the completer and the write coalescer flush.
     pub async fn shutdown(self) {
         let deadline = self.core.config.shutdown_timeout;
         self.stop_http.cancel();
-        match tokio::time::timeout(deadline, self.http).await {
+        // Both publish through the write coalescer, which closes last.
+        let cdc = self.cdc;
+        let stop_cdc = async move {
+            if let Some(cdc) = cdc {
+                cdc.shutdown(deadline).await;
+            }
+        };
+        let (http, ()) = tokio::join!(tokio::time::timeout(deadline, self.http), stop_cdc);
+        match http {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(err))) => tracing::warn!(error = %err, "http server stopped with an error"),
             Ok(Err(err)) => tracing::warn!(error = %err, "http server task failed"),

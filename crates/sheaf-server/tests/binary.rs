@@ -103,3 +103,88 @@ fn the_configuration_reference_has_a_row_for_every_setting() {
         );
     }
 }
+
+#[test]
+fn invalid_cdc_settings_stop_start_up_and_name_the_settings() {
+    // Port 1: should a case pass validation by mistake, it must not reach a real database.
+    let enabled = [
+        ("SHEAF_CDC_ENABLED", "true"),
+        (
+            "SHEAF_CDC_POSTGRES_URL",
+            "postgres://app:pw@127.0.0.1:1/app",
+        ),
+        ("SHEAF_CDC_TENANTS", "public.orders=acme"),
+    ];
+    // (settings over `enabled`, texts the error must contain)
+    type Case = (Vec<(&'static str, &'static str)>, Vec<&'static str>);
+    let cases: Vec<Case> = vec![
+        (
+            vec![
+                ("SHEAF_CDC_BATCH_TRANSACTIONS", "true"),
+                ("SHEAF_CDC_BATCH_SIZE", "100"),
+            ],
+            vec![
+                "invalid SHEAF_CDC_BATCH_TRANSACTIONS",
+                "SHEAF_CDC_BATCH_SIZE",
+                "`batch_transactions`",
+                "`batching`",
+            ],
+        ),
+        (
+            vec![("SHEAF_CDC_SLOT", "Not-A-Slot")],
+            vec!["invalid SHEAF_CDC_SLOT"],
+        ),
+        (
+            vec![("SHEAF_CDC_POSTGRES_URL", "mysql://app@127.0.0.1/app")],
+            vec!["invalid SHEAF_CDC_POSTGRES_URL"],
+        ),
+        (
+            vec![("SHEAF_CDC_POSTGRES_URL", "")],
+            vec!["invalid SHEAF_CDC_POSTGRES_URL", "required"],
+        ),
+        (
+            vec![("SHEAF_CDC_TENANTS", "orders=acme")],
+            vec!["invalid SHEAF_CDC_TENANTS"],
+        ),
+        (
+            vec![
+                ("SHEAF_CDC_TENANTS", "acme"),
+                ("SHEAF_CDC_CREATE_MISSING", "true"),
+            ],
+            vec!["invalid SHEAF_CDC_CREATE_MISSING"],
+        ),
+        (
+            vec![("SHEAF_CDC_CHECKPOINT_LIMIT", "0")],
+            vec!["invalid SHEAF_CDC_CHECKPOINT_LIMIT"],
+        ),
+        (
+            vec![("SHEAF_CDC_HEARTBEAT_INTERVAL", "10ms")],
+            vec!["invalid SHEAF_CDC_HEARTBEAT_INTERVAL"],
+        ),
+        (
+            vec![("SHEAF_CDC_MAX_IN_FLIGHT", "many")],
+            vec!["invalid SHEAF_CDC_MAX_IN_FLIGHT"],
+        ),
+    ];
+    for (overrides, expected) in cases {
+        let mut command = sheaf();
+        command
+            .arg("serve")
+            .env("SHEAF_LISTEN", "127.0.0.1:0")
+            .envs(enabled)
+            .envs(overrides.iter().copied());
+        let output = command.output().unwrap();
+        assert!(!output.status.success(), "{overrides:?} must stop start-up");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        for text in expected {
+            assert!(
+                stderr.contains(text),
+                "{overrides:?}: {text:?} not in {stderr:?}"
+            );
+        }
+        assert!(
+            !stderr.contains(":pw@"),
+            "the password is never printed: {stderr:?}"
+        );
+    }
+}

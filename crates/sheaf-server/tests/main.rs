@@ -5,9 +5,11 @@
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
 //! - `binary`: the `sheaf` binary's help, version, configuration errors and the docs' table.
 //! - `shared`: Postgres and ClickHouse configurations, and two `sheaf` processes sharing them.
+//! - `cdc`: the CDC source on the real Postgres, in process and through the binary killed mid-stream.
 
 mod api;
 mod binary;
+mod cdc;
 mod delivery;
 mod shared;
 mod signatures;

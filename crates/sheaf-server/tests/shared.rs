@@ -2,14 +2,10 @@
 //! Postgres for both, and two `sheaf` processes (the real binary) sharing Postgres and ClickHouse.
 
 use std::collections::HashSet;
-use std::io::{BufRead as _, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use crate::delivery::{OUTAGE_SETTINGS, outage_run};
-use crate::support::{Client, Receiver, env_with, publish_many};
+use crate::support::{Client, Receiver, Sheaf, env_with, publish_many};
 
 fn check_report(label: &str, report: &crate::delivery::Report) {
     println!(
@@ -66,84 +62,6 @@ async fn postgres_for_queue_and_log_delivers_every_event_through_an_outage() {
     }
     let report = outage_run(env, "pgpg", 2_000).await;
     check_report("postgres queue + postgres log", &report);
-}
-
-/// A `sheaf serve` child process; killed (by its PID) when dropped if it is still running.
-struct Sheaf {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<String>>,
-}
-
-impl Sheaf {
-    fn spawn(env: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
-        for (name, _) in std::env::vars() {
-            if name.starts_with("SHEAF_") {
-                command.env_remove(name);
-            }
-        }
-        command
-            .arg("serve")
-            .envs(env.iter().copied())
-            .env("SHEAF_LISTEN", "127.0.0.1:0")
-            .env("SHEAF_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().expect("sheaf starts");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let sink = Arc::clone(&log);
-        // Drains stderr for the life of the child, and reports the address it listens on.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("is listening on http://").nth(1) {
-                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                    let _ = tx.send(addr);
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr.parse().expect("a socket address"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("sheaf did not start: {}", log.lock().unwrap());
-            }
-        };
-        Self { child, addr, log }
-    }
-
-    /// SIGTERM, then waits (bounded) for a clean exit.
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        for _ in 0..300 {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                assert!(
-                    status.success(),
-                    "sheaf exited with {status}: {}",
-                    self.log.lock().unwrap()
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("sheaf did not stop within 30 s after SIGTERM");
-    }
-}
-
-impl Drop for Sheaf {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,11 @@
-//! Test support: a recording webhook receiver on loopback, a service started in-process, and a
-//! small JSON client.
+//! Test support: a recording webhook receiver on loopback, a service started in-process, the
+//! real `sheaf` binary as a child process, and a small JSON client.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use axum::Router;
@@ -354,4 +356,97 @@ pub async fn publish_many(
         assert_eq!(*status, 202, "publish of {id} answered {status}");
     }
     ids.into_iter().collect()
+}
+
+/// A `sheaf serve` child process; killed (by its PID) when dropped if it is still running.
+pub struct Sheaf {
+    child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Sheaf {
+    /// Starts the real binary with only `env` as its `SHEAF_*` settings (plus an ephemeral
+    /// loopback port and `info` logs), and waits (at most 60 s) until it listens.
+    pub fn spawn(env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
+        for (name, _) in std::env::vars() {
+            if name.starts_with("SHEAF_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .arg("serve")
+            .envs(env.iter().copied())
+            .env("SHEAF_LISTEN", "127.0.0.1:0")
+            .env("SHEAF_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("sheaf starts");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&log);
+        // Drains stderr for the life of the child, and reports the address it listens on.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("is listening on http://").nth(1) {
+                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                    let _ = tx.send(addr);
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => addr.parse().expect("a socket address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("sheaf did not start: {}", log.lock().unwrap());
+            }
+        };
+        Self { child, addr, log }
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// SIGTERM, then waits (bounded) for a clean exit.
+    pub fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..300 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(
+                    status.success(),
+                    "sheaf exited with {status}: {}",
+                    self.log.lock().unwrap()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("sheaf did not stop within 30 s after SIGTERM");
+    }
+
+    /// SIGKILL (`Child::kill` signals this child's PID), then reaps it: no graceful stop, no
+    /// last acknowledgement, connections cut as by a crash.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL the sheaf child");
+        let status = self.child.wait().expect("reap the sheaf child");
+        assert!(!status.success(), "a killed process does not exit cleanly");
+    }
+}
+
+impl Drop for Sheaf {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
