@@ -357,13 +357,7 @@ fn into_page<T, K: Ord + Clone + std::hash::Hash>(
     let mut seen = HashSet::with_capacity(items.len());
     items.retain(|item| seen.insert(order_key(item)));
     items.sort_by_key(|item| std::cmp::Reverse(order_key(item)));
-    let next = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(cursor_of)
-    } else {
-        None
-    };
-    Page { items, next }
+    Page::from_overfetch(items, limit, cursor_of)
 }
 
 #[async_trait]

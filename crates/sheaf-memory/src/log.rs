@@ -198,19 +198,13 @@ where
         None => Bound::Unbounded,
     };
     // One more than the limit tells whether a next page exists.
-    let mut items: Vec<T> = index
+    let items: Vec<T> = index
         .range((Bound::Unbounded, upper))
         .rev()
         .filter_map(&mut fetch)
         .take(limit + 1)
         .collect();
-    let next = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(position)
-    } else {
-        None
-    };
-    Page { items, next }
+    Page::from_overfetch(items, limit, position)
 }
 
 /// The log store in memory. Cheap to share: wrap it in an `Arc` (`Arc<dyn LogStore>`).
@@ -304,10 +298,7 @@ impl LogStore for MemoryLogStore {
         page: &PageRequest,
     ) -> Result<Page<Event>> {
         page.validate()?;
-        let after = match &page.cursor {
-            Some(cursor) => Some((cursor.time(), EventId::new(cursor.id())?)),
-            None => None,
-        };
+        let after = page.cursor_position(|id| EventId::new(id))?;
         let state = self.state.read();
         Ok(page_from(
             state.events_by_tenant.get(tenant),
@@ -344,10 +335,7 @@ impl LogStore for MemoryLogStore {
         page: &PageRequest,
     ) -> Result<Page<Attempt>> {
         page.validate()?;
-        let after = match &page.cursor {
-            Some(cursor) => Some((cursor.time(), AttemptId::from_str(cursor.id())?)),
-            None => None,
-        };
+        let after = page.cursor_position(AttemptId::from_str)?;
         let state = self.state.read();
         Ok(page_from(
             state.attempts_by_tenant.get(tenant),

@@ -347,21 +347,15 @@ impl JobQueue for MemoryJobQueue {
             return Ok(Page::empty());
         };
         let limit = page.limit_usize();
-        let mut items: Vec<DeadLetter> = index
+        let items: Vec<DeadLetter> = index
             .range((Bound::Unbounded, upper))
             .rev()
             .take(limit + 1)
             .map(|(_, id)| state.dead[id].clone())
             .collect();
-        let next = if items.len() > limit {
-            items.truncate(limit);
-            items
-                .last()
-                .map(|d| Cursor::new(d.dead_lettered_at, d.job.id.to_string()))
-        } else {
-            None
-        };
-        Ok(Page { items, next })
+        Ok(Page::from_overfetch(items, limit, |d| {
+            Cursor::new(d.dead_lettered_at, d.job.id.to_string())
+        }))
     }
 
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {

@@ -398,17 +398,6 @@ fn bind_attempts<'q>(
         )
 }
 
-/// Builds a page from `limit + 1` rows: the extra row only says that a next page exists.
-fn page_of<T>(mut items: Vec<T>, limit: usize, position: impl Fn(&T) -> Cursor) -> Page<T> {
-    let next = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(position)
-    } else {
-        None
-    };
-    Page { items, next }
-}
-
 /// `limit + 1`, as the `bigint` a `LIMIT` binds.
 fn limit_plus_one(page: &PageRequest) -> i64 {
     i64::from(page.limit) + 1
@@ -479,10 +468,7 @@ impl LogStore for PostgresLogStore {
         page: &PageRequest,
     ) -> Result<Page<Event>> {
         page.validate()?;
-        let cursor = match &page.cursor {
-            Some(cursor) => Some((cursor.time(), EventId::new(cursor.id())?)),
-            None => None,
-        };
+        let cursor = page.cursor_position(|id| EventId::new(id))?;
         let s = self.db.schema();
         // Only the filters given become predicates, so each combination is its own prepared
         // statement with a plan fitted to it (a generic `$n IS NULL OR …` plan would not use
@@ -518,9 +504,11 @@ impl LogStore for PostgresLogStore {
             .iter()
             .map(event_from_row)
             .collect::<Result<Vec<_>>>()?;
-        Ok(page_of(items, page.limit_usize(), |e: &Event| {
-            Cursor::new(e.time, e.id.as_str())
-        }))
+        Ok(Page::from_overfetch(
+            items,
+            page.limit_usize(),
+            |e: &Event| Cursor::new(e.time, e.id.as_str()),
+        ))
     }
 
     async fn get_attempt(&self, tenant: &TenantId, id: &AttemptId) -> Result<Option<Attempt>> {
@@ -540,10 +528,7 @@ impl LogStore for PostgresLogStore {
         page: &PageRequest,
     ) -> Result<Page<Attempt>> {
         page.validate()?;
-        let cursor = match &page.cursor {
-            Some(cursor) => Some((cursor.time(), AttemptId::from_str(cursor.id())?)),
-            None => None,
-        };
+        let cursor = page.cursor_position(AttemptId::from_str)?;
         let s = self.db.schema();
         let mut q = QueryBuilder::<Postgres>::new(format!(
             "SELECT {ATTEMPT_COLUMNS} FROM {s}.attempts AS a
@@ -595,9 +580,11 @@ impl LogStore for PostgresLogStore {
             .iter()
             .map(attempt_from_row)
             .collect::<Result<Vec<_>>>()?;
-        Ok(page_of(items, page.limit_usize(), |a: &Attempt| {
-            Cursor::new(a.time, a.id.to_string())
-        }))
+        Ok(Page::from_overfetch(
+            items,
+            page.limit_usize(),
+            |a: &Attempt| Cursor::new(a.time, a.id.to_string()),
+        ))
     }
 
     async fn latest_attempt(&self, key: &AttemptKey) -> Result<Option<Attempt>> {

@@ -491,10 +491,7 @@ impl JobQueue for PostgresJobQueue {
         page: &PageRequest,
     ) -> Result<Page<DeadLetter>> {
         page.validate()?;
-        let cursor = match &page.cursor {
-            Some(cursor) => Some((cursor.time(), JobId::from_str(cursor.id())?)),
-            None => None,
-        };
+        let cursor = page.cursor_position(JobId::from_str)?;
         let s = self.db.schema();
         let select = format!(
             "SELECT {JOB_COLUMNS}, due_at, reason, dead_lettered_at FROM {s}.dead_letters
@@ -514,7 +511,7 @@ impl JobQueue for PostgresJobQueue {
             .fetch_all(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("listing dead letters", e))?;
-        let mut items = rows
+        let items = rows
             .iter()
             .map(|row| {
                 Ok(DeadLetter {
@@ -525,15 +522,9 @@ impl JobQueue for PostgresJobQueue {
             })
             .collect::<Result<Vec<_>>>()?;
         let limit = page.limit_usize();
-        let next = if items.len() > limit {
-            items.truncate(limit);
-            items
-                .last()
-                .map(|d| Cursor::new(d.dead_lettered_at, d.job.id.to_string()))
-        } else {
-            None
-        };
-        Ok(Page { items, next })
+        Ok(Page::from_overfetch(items, limit, |d| {
+            Cursor::new(d.dead_lettered_at, d.job.id.to_string())
+        }))
     }
 
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {

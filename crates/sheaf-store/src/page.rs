@@ -58,6 +58,18 @@ impl PageRequest {
     pub fn limit_usize(&self) -> usize {
         usize::try_from(self.limit).unwrap_or(usize::MAX)
     }
+
+    /// The cursor's `(time, id)` with the id parsed as the listing's id type (a cursor whose id
+    /// does not parse is [`Error::InvalidInput`], as `parse` reports it); `None` on a first page.
+    pub fn cursor_position<I>(
+        &self,
+        parse: impl FnOnce(&str) -> Result<I>,
+    ) -> Result<Option<(Timestamp, I)>> {
+        self.cursor
+            .as_ref()
+            .map(|cursor| Ok((cursor.time(), parse(cursor.id())?)))
+            .transpose()
+    }
 }
 
 /// One page of a listing.
@@ -71,6 +83,22 @@ pub struct Page<T> {
 }
 
 impl<T> Page<T> {
+    /// Cuts the `limit + 1` items a backend read, newest first, into a page: the extra item only
+    /// says that a next page exists, whose cursor is the `position` of this page's last item.
+    pub fn from_overfetch(
+        mut items: Vec<T>,
+        limit: usize,
+        position: impl Fn(&T) -> Cursor,
+    ) -> Self {
+        let next = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(position)
+        } else {
+            None
+        };
+        Page { items, next }
+    }
+
     /// A page with no items and no next page.
     pub fn empty() -> Self {
         Page {

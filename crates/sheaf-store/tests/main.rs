@@ -156,7 +156,40 @@ mod time {
 }
 
 mod page {
-    use sheaf_store::{Cursor, ErrorKind, MAX_PAGE_LIMIT, PageRequest, Timestamp};
+    use sheaf_store::{Cursor, ErrorKind, JobId, MAX_PAGE_LIMIT, Page, PageRequest, Timestamp};
+
+    #[test]
+    fn an_overfetched_listing_becomes_a_page_with_a_cursor_only_when_more_matched() {
+        let time = Timestamp::from_micros(5).expect("in range");
+        let position = |n: &u32| Cursor::new(time, n.to_string());
+        let page = Page::from_overfetch(vec![9, 8, 7], 2, position);
+        assert_eq!(page.items, vec![9, 8]);
+        assert_eq!(page.next, Some(Cursor::new(time, "8")));
+        let last = Page::from_overfetch(vec![9, 8], 2, position);
+        assert_eq!((last.items, last.next), (vec![9, 8], None));
+    }
+
+    #[test]
+    fn a_cursor_position_parses_its_id_or_says_the_cursor_is_invalid() {
+        let time = Timestamp::from_micros(7).expect("in range");
+        let job = JobId::generate();
+        let request = PageRequest::after(10, Cursor::new(time, job.to_string()));
+        let parsed = request
+            .cursor_position(|id| id.parse::<JobId>())
+            .expect("a job id parses");
+        assert_eq!(parsed, Some((time, job)));
+        let bad = PageRequest::after(10, Cursor::new(time, "not-a-uuid"));
+        let err = bad
+            .cursor_position(|id| id.parse::<JobId>())
+            .expect_err("a cursor id of the wrong type");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert_eq!(
+            PageRequest::first(10)
+                .cursor_position(|id| id.parse::<JobId>())
+                .expect("first page"),
+            None
+        );
+    }
 
     #[test]
     fn cursors_round_trip_through_their_opaque_form() {
