@@ -16,6 +16,8 @@ use sheaf_cdc::{BatchingPolicy, CdcConfig, ConnectionConfig, PublicationTables, 
 use sheaf_coalesce::{LookupConfig, WriteConfig};
 
 use crate::cdc::{CdcSettings, TableTenants};
+use crate::secrets::SecretsKey;
+use crate::tokens::TokenKey;
 
 /// One setting: its variable name, default, what it means and which values it accepts.
 #[derive(Debug, Clone, Copy)]
@@ -59,8 +61,24 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "SHEAF_API_KEY",
         default: None,
-        meaning: "Admin bearer token (`Authorization: Bearer <key>`) for everything under `/api/v1` except the OpenAPI document. Unset: the API is open, which is only allowed when `SHEAF_LISTEN` is a loopback address (start-up refuses otherwise and the log says so).",
+        meaning: "Admin bearer token (`Authorization: Bearer <key>`) for everything under `/api/v1` except the OpenAPI document; tenant tokens (below) reach a part of it. Unset: the API is open, which is only allowed when `SHEAF_LISTEN` is a loopback address (start-up refuses otherwise and the log says so).",
         valid: "at least 16 characters",
+    },
+    // Its own key, not one derived from SHEAF_API_KEY: rotating the admin key must not silently
+    // revoke every tenant token, and a leak of one must not be a leak of both.
+    Setting {
+        name: "SHEAF_TOKEN_SIGNING_KEY",
+        default: None,
+        meaning: "Key that signs tenant-scoped API tokens (HMAC-SHA256). Set: the admin route `POST /api/v1/tenants/{tenant_id}/tokens` issues tokens that reach only that tenant's routes and its publishes. Unset: no token is issued or accepted. Changing it revokes every token issued with the old key. Needs `SHEAF_API_KEY` (with an open admin API a token would restrict nothing).",
+        valid: "standard base64 of at least 32 bytes (`head -c 32 /dev/urandom | base64`)",
+    },
+    // Tokens cannot be revoked one by one, so their lifetime is what bounds a leaked one; a month
+    // covers a monthly rotation in a deploy pipeline.
+    Setting {
+        name: "SHEAF_TOKEN_MAX_TTL",
+        default: Some("30d"),
+        meaning: "Longest lifetime a tenant token may be issued with (`ttl_seconds` above it is refused).",
+        valid: "a duration, 1m..365d",
     },
     Setting {
         name: "SHEAF_LOG_STORE",
@@ -180,8 +198,8 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "SHEAF_DELIVERY_WORKERS",
         default: Some("32"),
-        meaning: "Concurrent webhook deliveries per process; also the capacity of the channel from the dispatcher to the workers.",
-        valid: "1..=4096",
+        meaning: "Concurrent webhook deliveries per process; also the capacity of the channel from the dispatcher to the workers. 0 runs no dispatcher and no workers: the process serves the API (and the CDC source) and leaves every delivery to other processes sharing a `postgres` queue (with the `memory` queue nothing delivers, which only tests want).",
+        valid: "0..=4096",
     },
     // Long enough for a slow receiver, short enough that a hung one ties up a worker for
     // seconds, not minutes; the lease (below) must outlast it.
@@ -255,8 +273,14 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
         default: Some("false"),
-        meaning: "Allow destination URLs whose host is or resolves to a loopback, private, link-local, unspecified or otherwise non-public address.",
+        meaning: "Allow destination URLs whose host is or resolves to a loopback, private, link-local, unspecified or otherwise non-public address. `false` checks the URL when a destination is created or changed, and again at every delivery's connection (the resolved addresses, so a name that later resolves inside the network is refused); deliveries then use no HTTP proxy.",
         valid: "`true`, `false`",
+    },
+    Setting {
+        name: "SHEAF_SECRETS_KEY",
+        default: None,
+        meaning: "Key that encrypts destination signing secrets at rest (AES-256-GCM), in every entity store: rows hold `enc:v1:…`, never the secret. Secrets stored before it was set still read and are encrypted when next written (rotated). Unset: secrets are stored as they are, and the log warns at start when they live in Postgres. Losing it makes every encrypted secret unreadable; rotating it is not supported yet.",
+        valid: "standard base64 of exactly 32 bytes (`head -c 32 /dev/urandom | base64`)",
     },
     // A day gives receivers time to deploy the new secret.
     Setting {
@@ -441,13 +465,36 @@ impl RetryConfig {
     }
 }
 
+/// The admin key (`SHEAF_API_KEY`). `Debug` never prints it, so neither does a `Config`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminKey(String);
+
+impl AdminKey {
+    /// The key itself, for the constant-time comparison with a presented one.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminKey(<redacted>)")
+    }
+}
+
 /// Everything the service runs with. Built by [`Config::load`]; tests build it from a map.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// `SHEAF_LISTEN`.
     pub listen: SocketAddr,
     /// `SHEAF_API_KEY`.
-    pub api_key: Option<String>,
+    pub api_key: Option<AdminKey>,
+    /// `SHEAF_TOKEN_SIGNING_KEY`: tenant tokens are issued and accepted only with it.
+    pub token_signing_key: Option<TokenKey>,
+    /// `SHEAF_TOKEN_MAX_TTL`.
+    pub token_max_ttl: Duration,
+    /// `SHEAF_SECRETS_KEY`: destination secrets are sealed with it in every entity store.
+    pub secrets_key: Option<SecretsKey>,
     /// `SHEAF_LOG_STORE`.
     pub log_store: LogStoreKind,
     /// `SHEAF_QUEUE`.
@@ -750,6 +797,28 @@ impl Config {
                 format!("is {} characters long, at least 16 are needed", key.len()),
             ));
         }
+        let api_key = api_key.map(AdminKey);
+        let token_signing_key = raw
+            .optional("SHEAF_TOKEN_SIGNING_KEY")
+            .map(|k| TokenKey::from_base64(&k))
+            .transpose()
+            .map_err(|m| ConfigError::new("SHEAF_TOKEN_SIGNING_KEY", m))?;
+        if token_signing_key.is_some() && api_key.is_none() {
+            return Err(ConfigError::new(
+                "SHEAF_TOKEN_SIGNING_KEY",
+                "is set but SHEAF_API_KEY is not: with an open admin API a tenant token restricts nothing; set SHEAF_API_KEY too",
+            ));
+        }
+        let token_max_ttl = raw.duration(
+            "SHEAF_TOKEN_MAX_TTL",
+            Duration::from_secs(60),
+            Duration::from_secs(365 * 86_400),
+        )?;
+        let secrets_key = raw
+            .optional("SHEAF_SECRETS_KEY")
+            .map(|k| SecretsKey::from_base64(&k))
+            .transpose()
+            .map_err(|m| ConfigError::new("SHEAF_SECRETS_KEY", m))?;
         if api_key.is_none() && !listen.ip().is_loopback() {
             return Err(ConfigError::new(
                 "SHEAF_API_KEY",
@@ -823,6 +892,16 @@ impl Config {
                 "is required when SHEAF_LOG_STORE is clickhouse",
             ));
         }
+        // Job rows carry no payload (seed 002): a delivery reads its event from the log store.
+        // A durable queue in front of a memory log store loses every pending delivery on a
+        // restart, and in a second process finds no event at all (the fault suite saw 2 of 200
+        // events dropped that way), so the combination is refused rather than documented.
+        if queue == QueueKind::Postgres && log_store == LogStoreKind::Memory {
+            return Err(ConfigError::new(
+                "SHEAF_LOG_STORE",
+                "memory cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse",
+            ));
+        }
 
         let schedule_raw = raw.value("SHEAF_RETRY_SCHEDULE");
         let mut schedule = Vec::new();
@@ -881,7 +960,7 @@ impl Config {
             ..LookupConfig::default()
         };
         let fresh_event_cache = raw.int("SHEAF_FRESH_EVENT_CACHE", 0, 10_000_000)?;
-        let delivery_workers = raw.usize("SHEAF_DELIVERY_WORKERS", 1, 4096)?;
+        let delivery_workers = raw.usize("SHEAF_DELIVERY_WORKERS", 0, 4096)?;
         let delivery_timeout = raw.duration(
             "SHEAF_DELIVERY_TIMEOUT",
             Duration::from_millis(100),
@@ -942,6 +1021,9 @@ impl Config {
         Ok(Self {
             listen,
             api_key,
+            token_signing_key,
+            token_max_ttl,
+            secrets_key,
             log_store,
             queue,
             postgres_url,
@@ -1142,10 +1224,64 @@ mod tests {
         assert_eq!(err.setting, "SHEAF_DELIVERY_TIMEOUT");
         let err = Config::load(env(&[("SHEAF_QUEUE", "postgres")])).unwrap_err();
         assert_eq!(err.setting, "SHEAF_POSTGRES_URL");
+        let err = Config::load(env(&[
+            ("SHEAF_QUEUE", "postgres"),
+            ("SHEAF_POSTGRES_URL", "postgres://sheaf@127.0.0.1/sheaf"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.setting, "SHEAF_LOG_STORE", "{err}");
         let err = Config::load(env(&[("SHEAF_LISTEN", "0.0.0.0:8470")])).unwrap_err();
         assert_eq!(err.setting, "SHEAF_API_KEY");
         let err = Config::load(env(&[("SHEAF_QUEUE_LEASE", "10s")])).unwrap_err();
         assert_eq!(err.setting, "SHEAF_QUEUE_LEASE");
+    }
+
+    #[test]
+    fn keys_are_checked_and_never_printed() {
+        let key32 = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="; // 32 bytes
+        let admin = ("SHEAF_API_KEY", "admin-key-0123456789");
+        for (pairs, setting) in [
+            (
+                vec![admin, ("SHEAF_TOKEN_SIGNING_KEY", "c2hvcnQ=")],
+                "SHEAF_TOKEN_SIGNING_KEY",
+            ),
+            (
+                vec![admin, ("SHEAF_TOKEN_SIGNING_KEY", "not base64 at all")],
+                "SHEAF_TOKEN_SIGNING_KEY",
+            ),
+            (
+                vec![("SHEAF_TOKEN_SIGNING_KEY", key32)],
+                "SHEAF_TOKEN_SIGNING_KEY",
+            ),
+            (
+                vec![admin, ("SHEAF_TOKEN_MAX_TTL", "10s")],
+                "SHEAF_TOKEN_MAX_TTL",
+            ),
+            (vec![("SHEAF_SECRETS_KEY", "c2hvcnQ=")], "SHEAF_SECRETS_KEY"),
+            (
+                vec![(
+                    "SHEAF_SECRETS_KEY",
+                    "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWZ4eA==",
+                )],
+                "SHEAF_SECRETS_KEY",
+            ),
+        ] {
+            let err = Config::load(env(&pairs)).unwrap_err();
+            assert_eq!(err.setting, setting, "{pairs:?}: {err}");
+        }
+        let config = Config::load(env(&[
+            admin,
+            ("SHEAF_TOKEN_SIGNING_KEY", key32),
+            ("SHEAF_SECRETS_KEY", key32),
+            ("SHEAF_DELIVERY_WORKERS", "0"),
+        ]))
+        .unwrap();
+        assert!(config.token_signing_key.is_some() && config.secrets_key.is_some());
+        assert_eq!(config.token_max_ttl, Duration::from_secs(30 * 86_400));
+        assert_eq!(config.delivery_workers, 0);
+        let printed = format!("{config:?}");
+        assert!(!printed.contains(key32), "keys never appear in Debug");
+        assert!(!printed.contains("admin-key-0123456789"), "{printed}");
     }
 
     #[test]
@@ -1308,6 +1444,7 @@ mod tests {
             (
                 vec![
                     ("SHEAF_QUEUE", "postgres"),
+                    ("SHEAF_LOG_STORE", "postgres"),
                     ("SHEAF_POSTGRES_URL", CDC_URL),
                     ("SHEAF_CDC_TENANTS", "sheaf.events=acme"),
                 ],

@@ -14,6 +14,7 @@ use crate::logio::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
 };
 use crate::metrics::{MetricSources, Metrics};
+use crate::secrets::SealedEntityStore;
 use crate::stores::Stores;
 
 /// How long a freshly published event stays in the payload cache. Its first delivery
@@ -53,7 +54,13 @@ pub struct Core {
 
 impl Core {
     /// Builds the coalescers and caches over `stores`. Must run inside a Tokio runtime.
-    pub fn new(config: Config, stores: Stores) -> anyhow::Result<Arc<Self>> {
+    pub fn new(config: Config, mut stores: Stores) -> anyhow::Result<Arc<Self>> {
+        // Every backend stores destination secrets sealed (SHEAF_SECRETS_KEY): the wrapper sits
+        // at the one boundary every secret crosses on its way to storage.
+        stores.entities = Arc::new(SealedEntityStore::new(
+            Arc::clone(&stores.entities),
+            config.secrets_key.clone(),
+        ));
         let retry_metrics = Arc::new(CoalesceMetrics::new());
         let event_metrics = Arc::new(CoalesceMetrics::new());
         let write_metrics = Arc::new(CoalesceMetrics::new());

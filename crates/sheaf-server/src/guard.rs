@@ -5,11 +5,24 @@
 //! its host is, or resolves to, any address that is not public: loopback, private,
 //! link-local, unspecified, shared (CGNAT), documentation, benchmarking, multicast,
 //! broadcast or reserved, in IPv4 and IPv6 (IPv4-mapped addresses are checked as IPv4).
-//! The check runs when a destination is created or its URL changes.
+//! The check runs twice:
+//! - when a destination is created or its URL changes ([`check_url`]), so a bad URL is refused
+//!   with a 400 before anything is stored;
+//! - when a delivery connects ([`GuardedResolver`], installed in the webhook client, and
+//!   [`check_literal`] for IP literals, which reqwest does not resolve), because a name's
+//!   addresses can change after it was checked: a DNS name that answered a public address at
+//!   creation and a loopback one at delivery (DNS rebinding) is refused at connect time, and the
+//!   attempt fails with the reason. The address checked is the address connected to: the client
+//!   connects only to what the resolver returned, and it uses no proxy while the guard is on (a
+//!   proxy would resolve the name itself, out of the guard's sight).
+//!
+//! Redirects are never followed (`webhook.rs`), so a receiver cannot point a delivery at a
+//! refused address with a `Location` either.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use reqwest::Url;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// Why a URL was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,9 +125,104 @@ pub async fn check_url(raw: &str, allow_private: bool) -> Result<Url, UrlRefused
     Ok(url)
 }
 
+/// The addresses `host` resolved to, if every one is public; otherwise the refusal naming the
+/// first address that is not. An empty answer is refused too.
+pub fn check_resolved(
+    host: &str,
+    addrs: impl IntoIterator<Item = SocketAddr>,
+) -> Result<Vec<SocketAddr>, UrlRefused> {
+    let addrs: Vec<SocketAddr> = addrs.into_iter().collect();
+    if addrs.is_empty() {
+        return Err(UrlRefused(format!("{host} has no address")));
+    }
+    if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+        return Err(UrlRefused(format!(
+            "{host} resolves to {}, which is not a public address (SHEAF_ALLOW_PRIVATE_DESTINATIONS is false)",
+            bad.ip()
+        )));
+    }
+    Ok(addrs)
+}
+
+/// The connect-time check of a URL whose host is an IP literal (reqwest connects to those
+/// without asking the resolver): `Err` when it is not public. Names pass; the resolver checks them.
+pub fn check_literal(url: &Url) -> Result<(), UrlRefused> {
+    // An IPv6 literal comes back in brackets.
+    let literal = url
+        .host_str()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+        .and_then(|h| h.parse::<IpAddr>().ok());
+    let Some(ip) = literal else {
+        return Ok(());
+    };
+    if is_public(ip) {
+        Ok(())
+    } else {
+        Err(UrlRefused(format!(
+            "{ip} is not a public address (SHEAF_ALLOW_PRIVATE_DESTINATIONS is false)"
+        )))
+    }
+}
+
+/// The webhook client's DNS resolver while the guard is on: the system's answer (as reqwest's
+/// default resolver gives it), refused whole when any address is not public. Refusing rather
+/// than filtering keeps the rule the same as at creation: a name that can mean the inside of
+/// the network is not a destination, whichever of its addresses a connection would pick.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GuardedResolver;
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            // Port 0: reqwest puts the URL's port on the addresses it gets back.
+            let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let addrs = check_resolved(&host, found)?;
+            Ok(Box::new(addrs.into_iter()) as Addrs)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolved_addresses_must_all_be_public() {
+        let public: SocketAddr = "93.184.216.34:0".parse().unwrap();
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let private: SocketAddr = "[fd00::1]:0".parse().unwrap();
+        assert_eq!(check_resolved("a.test", [public]).unwrap(), vec![public]);
+        let err = check_resolved("a.test", [public, loopback]).unwrap_err();
+        assert!(err.0.contains("127.0.0.1"), "{err}");
+        assert!(check_resolved("a.test", [private]).is_err());
+        assert!(check_resolved("a.test", []).is_err());
+    }
+
+    #[test]
+    fn ip_literals_are_checked_at_connect_time() {
+        for (url, ok) in [
+            ("http://127.0.0.1:9/hook", false),
+            ("http://[::1]:9/hook", false),
+            ("http://10.1.2.3/hook", false),
+            ("http://[::ffff:169.254.169.254]/", false),
+            ("http://93.184.216.34/hook", true),
+            ("http://localhost:9/hook", true), // a name: the resolver's job
+        ] {
+            let url = Url::parse(url).unwrap();
+            assert_eq!(check_literal(&url).is_ok(), ok, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_resolver_refuses_a_name_that_resolves_to_loopback() {
+        let name: Name = "localhost".parse().unwrap();
+        let err = match GuardedResolver.resolve(name).await {
+            Ok(addrs) => panic!("resolved to {:?}", addrs.collect::<Vec<_>>()),
+            Err(err) => err,
+        };
+        assert!(err.to_string().contains("not a public address"), "{err}");
+    }
 
     #[test]
     fn private_and_special_addresses_are_not_public() {

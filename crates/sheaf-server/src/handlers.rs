@@ -16,18 +16,19 @@ use sheaf_store::{
     TenantId, Timestamp, Topics,
 };
 
-use crate::api::{ApiJson, ApiPath, ApiQuery, AppState, OptionalJson};
+use crate::api::{ApiJson, ApiPath, ApiQuery, AppState, Caller, OptionalJson};
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::guard::check_url;
 use crate::metrics::CdcState;
 use crate::publish::{PublishRequest, RetryRequest};
+use crate::tokens::unix_now;
 use crate::webhook::{RESERVED_HEADERS, generate_secret};
 
 type ApiResult = Result<Response, ApiError>;
 
 fn tenant_id(raw: String) -> Result<TenantId, ApiError> {
-    TenantId::new(raw).map_err(ApiError::from)
+    crate::body::api_tenant_id(raw).map_err(ApiError::from)
 }
 
 fn destination_id(raw: &str) -> Result<DestinationId, ApiError> {
@@ -50,12 +51,37 @@ pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
+/// How long `/readyz` waits for each store's ping before calling it unreachable.
+const READY_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A store's ping, bounded by [`READY_PING_TIMEOUT`].
+async fn bounded(
+    ping: impl std::future::Future<Output = sheaf_store::Result<()>>,
+) -> sheaf_store::Result<()> {
+    tokio::time::timeout(READY_PING_TIMEOUT, ping)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sheaf_store::Error::Unavailable {
+                message: format!("no answer within {READY_PING_TIMEOUT:?}"),
+                source: None,
+            })
+        })
+}
+
 pub(crate) async fn readyz(State(core): State<AppState>) -> ApiResult {
     let stores = &core.stores;
+    // A store that is down may make a ping wait for its pool's acquire timeout; a probe must
+    // get its answer sooner than that (the fault suite saw 8 of 9 probes time out during a
+    // Postgres outage), so each ping has its own bound and all three run at once.
+    let (log, queue, entities) = tokio::join!(
+        bounded(stores.log.ping()),
+        bounded(stores.queue.ping()),
+        bounded(stores.entities.ping()),
+    );
     let checks = [
-        ("log store", stores.log.ping().await),
-        ("queue", stores.queue.ping().await),
-        ("entity store", stores.entities.ping().await),
+        ("log store", log),
+        ("queue", queue),
+        ("entity store", entities),
     ];
     for (what, result) in checks {
         if let Err(err) = result {
@@ -94,8 +120,8 @@ pub(crate) async fn metrics(State(core): State<AppState>) -> Response {
     response
 }
 
-pub(crate) async fn openapi() -> Json<Value> {
-    Json(crate::openapi::document())
+pub(crate) async fn openapi(State(core): State<AppState>) -> Json<Value> {
+    Json(crate::openapi::document(&core.config))
 }
 
 // ---- tenants ----
@@ -155,6 +181,80 @@ pub(crate) async fn delete_tenant(
     // Its pending deliveries stop: the jobs go, and a worker holding one finds no destination.
     core.stores.queue.purge_tenant(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+// ---- tenant tokens ----
+
+/// Lifetime of a token issued without `ttl_seconds`.
+const DEFAULT_TOKEN_TTL_SECS: u64 = 3600;
+
+/// Shortest lifetime a token may be issued with: anything shorter expires in transit.
+const MIN_TOKEN_TTL_SECS: u64 = 60;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TokenInput {
+    /// A JSON number: `3600.0` is an integer to JSON Schema, so it is one here too.
+    #[serde(default)]
+    ttl_seconds: Option<serde_json::Number>,
+}
+
+/// A whole, non-negative number of seconds, or why not.
+fn whole_seconds(n: &serde_json::Number) -> Result<u64, ApiError> {
+    if let Some(secs) = n.as_u64() {
+        return Ok(secs);
+    }
+    match n.as_f64() {
+        // Exact below 2^53; anything that large is far above every bound anyway.
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f < 9_007_199_254_740_992.0 => Ok(f as u64),
+        _ => Err(ApiError::invalid(format!(
+            "ttl_seconds must be a whole number of seconds, got {n}"
+        ))),
+    }
+}
+
+fn unix_time_json(secs: i64) -> Value {
+    chrono::DateTime::from_timestamp(secs, 0).map_or(Value::Null, |t| {
+        json!(t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+    })
+}
+
+pub(crate) async fn issue_token(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    OptionalJson(input): OptionalJson<TokenInput>,
+) -> ApiResult {
+    let tenant = tenant_id(raw)?;
+    let Some(key) = core.config.token_signing_key.as_ref() else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "tokens_disabled",
+            "tenant tokens are not enabled on this server: set SHEAF_TOKEN_SIGNING_KEY",
+        ));
+    };
+    let ttl = match input.and_then(|i| i.ttl_seconds) {
+        Some(n) => whole_seconds(&n)?,
+        None => DEFAULT_TOKEN_TTL_SECS,
+    };
+    let max = core.config.token_max_ttl.as_secs();
+    if !(MIN_TOKEN_TTL_SECS..=max).contains(&ttl) {
+        return Err(ApiError::invalid(format!(
+            "ttl_seconds must be {MIN_TOKEN_TTL_SECS} to {max} (SHEAF_TOKEN_MAX_TTL), got {ttl}"
+        )));
+    }
+    require_tenant(&core, &tenant).await?;
+    let (token, claims) = key.issue(&tenant, std::time::Duration::from_secs(ttl), unix_now());
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "token": token,
+            "id": claims.id,
+            "tenant_id": claims.tenant,
+            "issued_at": unix_time_json(claims.iat),
+            "expires_at": unix_time_json(claims.exp),
+        })),
+    )
+        .into_response())
 }
 
 // ---- destinations ----
@@ -219,8 +319,48 @@ pub(crate) struct DestinationPatchInput {
     enabled: Option<bool>,
 }
 
+/// Most custom headers a destination may have.
+pub(crate) const MAX_CUSTOM_HEADERS: usize = 32;
+/// Longest custom header name.
+pub(crate) const MAX_HEADER_NAME_LEN: usize = 64;
+/// Longest custom header value.
+pub(crate) const MAX_HEADER_VALUE_LEN: usize = 1024;
+/// Most topics in a destination's filter.
+pub(crate) const MAX_TOPICS: usize = 100;
+
+fn check_topics(topics: Vec<String>) -> Result<Topics, ApiError> {
+    if topics.len() > MAX_TOPICS {
+        return Err(ApiError::invalid(format!(
+            "a topics filter has at most {MAX_TOPICS} entries, got {}",
+            topics.len()
+        )));
+    }
+    Ok(Topics::from_list(topics)?)
+}
+
+/// Custom headers are bounded (they go out with every delivery) and plain: token names,
+/// printable ASCII values (HTTP's obsolete non-ASCII text is refused rather than guessed at).
 fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if headers.len() > MAX_CUSTOM_HEADERS {
+        return Err(ApiError::invalid(format!(
+            "a destination has at most {MAX_CUSTOM_HEADERS} custom headers, got {}",
+            headers.len()
+        )));
+    }
     for (name, value) in headers {
+        if name.len() > MAX_HEADER_NAME_LEN || value.len() > MAX_HEADER_VALUE_LEN {
+            return Err(ApiError::invalid(format!(
+                "header names are at most {MAX_HEADER_NAME_LEN} bytes and values at most {MAX_HEADER_VALUE_LEN}"
+            )));
+        }
+        if !value
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..=0x7e).contains(&b))
+        {
+            return Err(ApiError::invalid(format!(
+                "the value of header {name:?} must be printable ASCII"
+            )));
+        }
         let lower = name.to_ascii_lowercase();
         if RESERVED_HEADERS.contains(&lower.as_str()) {
             return Err(ApiError::invalid(format!(
@@ -256,7 +396,7 @@ pub(crate) async fn create_destination(
     let tenant = tenant_id(raw)?;
     require_tenant(&core, &tenant).await?;
     let kind: DestinationKind = input.kind.parse()?;
-    let topics = Topics::from_list(input.topics)?;
+    let topics = check_topics(input.topics)?;
     check_headers(&input.headers)?;
     let url = checked_url(&core, &input.config.url).await?;
     let now = Timestamp::now();
@@ -330,7 +470,7 @@ pub(crate) async fn patch_destination(
     ApiPath((raw, dest)): ApiPath<(String, String)>,
     ApiJson(input): ApiJson<DestinationPatchInput>,
 ) -> ApiResult {
-    let topics = input.topics.map(Topics::from_list).transpose()?;
+    let topics = input.topics.map(check_topics).transpose()?;
     if let Some(headers) = &input.headers {
         check_headers(headers)?;
     }
@@ -397,8 +537,12 @@ pub(crate) async fn rotate_secret(
 
 pub(crate) async fn publish(
     State(core): State<AppState>,
+    caller: Caller,
     ApiJson(request): ApiJson<PublishRequest>,
 ) -> ApiResult {
+    let request = crate::body::validate_publish(request)?;
+    // Before the tenant is looked up: a token learns nothing about other tenants.
+    caller.may_act_for(&request.tenant_id)?;
     let published = crate::publish::publish(&core, request).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -443,7 +587,8 @@ pub(crate) async fn list_events(
     require_tenant(&core, &tenant).await?;
     let page = page_request(query.limit, query.next)?;
     let filter = EventFilter {
-        topic: query.topic,
+        // Empty means no filter, as in the attempts listing.
+        topic: query.topic.filter(|t| !t.is_empty()),
         ..EventFilter::default()
     };
     let events = core.stores.log.list_events(&tenant, &filter, &page).await?;

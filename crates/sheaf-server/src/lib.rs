@@ -8,11 +8,15 @@
 //! - [`engine`]: dispatcher, workers and completer.
 //! - [`cdc`]: the CDC source: changes of the application's Postgres become events.
 //! - [`webhook`]: Standard Webhooks signing and the POST.
-//! - [`api`], [`handlers`], [`openapi`], [`error`]: the HTTP API.
+//! - [`api`], [`handlers`], [`openapi`], [`error`]: the HTTP API; [`body`]: request bodies
+//!   parsed and checked as pure functions (the publish body is fuzzed).
+//! - [`tokens`]: tenant-scoped API tokens; [`secrets`]: destination secrets sealed at rest;
+//!   [`guard`]: private destinations refused at creation and at connect time.
 //! - [`metrics`]: the Prometheus page.
 //! - [`server`]: start and graceful stop, used by the binary and by the tests.
 
 pub mod api;
+pub mod body;
 pub mod cdc;
 pub mod config;
 pub mod core;
@@ -25,8 +29,10 @@ pub mod logio;
 pub mod metrics;
 pub mod openapi;
 pub mod publish;
+pub mod secrets;
 pub mod server;
 pub mod stores;
+pub mod tokens;
 pub mod webhook;
 
 pub use config::{Config, ConfigError, SETTINGS};

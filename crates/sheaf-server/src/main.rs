@@ -93,6 +93,11 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let open_admin = config.api_key.is_none();
+    let plaintext_secrets_in_postgres = config.secrets_key.is_none()
+        && (config.log_store == sheaf_server::config::LogStoreKind::Postgres
+            || config.queue == sheaf_server::config::QueueKind::Postgres);
+    let nothing_delivers =
+        config.delivery_workers == 0 && config.queue == sheaf_server::config::QueueKind::Memory;
     let running = sheaf_server::start(config.clone()).await?;
     tracing::info!(
         addr = %running.addr,
@@ -106,6 +111,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(
             "SHEAF_API_KEY is not set: the admin API accepts requests without a key, which is allowed only because it listens on loopback ({}); set SHEAF_API_KEY to require `Authorization: Bearer <key>`",
             running.addr
+        );
+    }
+    if plaintext_secrets_in_postgres {
+        tracing::warn!(
+            "SHEAF_SECRETS_KEY is not set: destination signing secrets are stored in Postgres as they are; set it to encrypt them at rest"
+        );
+    }
+    if nothing_delivers {
+        tracing::warn!(
+            "SHEAF_DELIVERY_WORKERS is 0 with the memory queue: events are accepted and queued, and nothing delivers them"
         );
     }
     wait_for_signal().await?;

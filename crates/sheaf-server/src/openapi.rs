@@ -1,32 +1,127 @@
 //! The OpenAPI 3.1 document, generated from the route table ([`crate::api::routes`]) that the
 //! router is built from, in plain `serde_json` (no macro crate: the machine has two cores and
 //! the table already holds everything the document needs).
+//!
+//! The input schemas are meant to be usable by a generator such as schemathesis (which runs
+//! against this document in the test suite): every id, topic and URL has the pattern the server
+//! checks, request bodies refuse unknown properties as the server does, and every error status a
+//! route can answer is listed. Where JSON Schema cannot say exactly what the server accepts
+//! (topics are limited in bytes, not characters; cursors are opaque), the schema describes a
+//! subset, so a request that follows the document is never refused for its shape. The error
+//! statuses that follow from a route's shape (`400`, `401`, `403`, `404`, `413`, `503`) are
+//! added here from its [`Access`] and parameters, so they cannot drift from the router.
 
 use serde_json::{Map, Value, json};
 
-use crate::api::routes;
+use crate::api::{Access, routes};
+use crate::config::Config;
+use crate::webhook::RESERVED_HEADERS;
+
+/// A tenant id as the server accepts it (`sheaf_store::TenantId`, without `.` and `..`, which
+/// cannot be path segments).
+fn tenant_id_schema() -> Value {
+    json!({ "type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$", "not": { "enum": [".", ".."] } })
+}
+
+/// An event id (`sheaf_store::EventId`).
+fn event_id_schema() -> Value {
+    json!({ "type": "string", "pattern": "^[A-Za-z0-9._:~@+=-]{1,255}$" })
+}
+
+/// A topic: the server takes 1 to 255 bytes without control characters, other than `*`; the
+/// schema says printable ASCII, which keeps the byte count equal to the length it can state.
+fn topic_schema() -> Value {
+    json!({ "type": "string", "pattern": "^[\\x20-\\x7e]{1,255}$", "not": { "const": "*" } })
+}
+
+fn uuid_schema() -> Value {
+    json!({ "type": "string", "format": "uuid" })
+}
+
+/// A destination URL. The server takes any `http`/`https` URL with a host (and, with the guard
+/// on, a public one); the schema's subset never names an IP address or a label of digits
+/// alone (which URL parsing would read as an IPv4 address).
+fn url_schema() -> Value {
+    json!({
+        "type": "string",
+        "pattern": "^https?://[a-z][a-z0-9-]{0,20}(\\.[a-z][a-z0-9-]{0,20}){0,3}(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~-]{0,20}){0,4}$",
+        "description": "http or https; unless SHEAF_ALLOW_PRIVATE_DESTINATIONS=true the host must resolve to public addresses only"
+    })
+}
+
+/// Custom headers: valid names other than the reserved ones (in any case), printable values.
+fn headers_schema() -> Value {
+    let reserved: Vec<String> = RESERVED_HEADERS
+        .iter()
+        .map(|name| {
+            name.chars()
+                .map(|c| {
+                    if c.is_ascii_alphabetic() {
+                        format!("[{}{}]", c.to_ascii_lowercase(), c.to_ascii_uppercase())
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    json!({
+        "type": "object",
+        "maxProperties": crate::handlers::MAX_CUSTOM_HEADERS,
+        "propertyNames": {
+            "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$",
+            "not": { "pattern": format!("^(?:{})$", reserved.join("|")) }
+        },
+        "additionalProperties": { "type": "string", "pattern": "^[\\t\\x20-\\x7e]{0,1024}$" },
+        "description": "Sent with every delivery; webhook-*, content-type and content-length are reserved"
+    })
+}
+
+fn topics_schema() -> Value {
+    json!({
+        "anyOf": [
+            { "type": "array", "items": { "const": "*" }, "minItems": 1, "maxItems": 1 },
+            { "type": "array", "items": topic_schema(), "minItems": 1, "maxItems": crate::handlers::MAX_TOPICS }
+        ],
+        "description": "[\"*\"] for every topic, or the topics"
+    })
+}
 
 /// The component schemas the route table names.
-fn schemas() -> Value {
+fn schemas(config: &Config) -> Value {
     let timestamp = json!({ "type": "string", "format": "date-time" });
+    let nullable_timestamp = json!({ "type": ["string", "null"], "format": "date-time" });
+    let page = |item: &str| {
+        json!({
+            "type": "object",
+            "required": ["items", "next"],
+            "properties": {
+                "items": { "type": "array", "items": { "$ref": format!("#/components/schemas/{item}") } },
+                "next": { "type": ["string", "null"] }
+            }
+        })
+    };
     json!({
         "Error": {
             "type": "object",
             "required": ["error"],
+            "additionalProperties": false,
             "properties": {
                 "error": {
                     "type": "object",
                     "required": ["code", "message"],
+                    "additionalProperties": false,
                     "properties": {
-                        "code": { "type": "string", "examples": ["not_found", "invalid_request", "malformed_json", "payload_too_large", "unauthorized"] },
+                        "code": { "type": "string", "examples": ["not_found", "invalid_request", "malformed_json", "payload_too_large", "unauthorized", "forbidden"] },
                         "message": { "type": "string" }
                     }
                 }
             }
         },
-        "Status": { "type": "object", "properties": { "status": { "type": "string" } } },
+        "Status": { "type": "object", "required": ["status"], "properties": { "status": { "type": "string" } } },
         "TenantInput": {
             "type": "object",
+            "additionalProperties": false,
             "properties": { "metadata": { "type": "object", "additionalProperties": { "type": "string" } } }
         },
         "Tenant": {
@@ -39,23 +134,58 @@ fn schemas() -> Value {
                 "updated_at": timestamp
             }
         },
+        "TokenInput": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "ttl_seconds": {
+                    "type": "integer",
+                    "minimum": 60,
+                    "maximum": config.token_max_ttl.as_secs(),
+                    "default": 3600,
+                    "description": "Lifetime of the token; at most SHEAF_TOKEN_MAX_TTL"
+                }
+            }
+        },
+        "TenantToken": {
+            "type": "object",
+            "required": ["token", "id", "tenant_id", "issued_at", "expires_at"],
+            "properties": {
+                "token": { "type": "string", "description": "Send as Authorization: Bearer <token>; it reaches this tenant only" },
+                "id": uuid_schema(),
+                "tenant_id": { "type": "string" },
+                "issued_at": timestamp,
+                "expires_at": timestamp
+            }
+        },
         "DestinationInput": {
             "type": "object",
             "required": ["type", "topics", "config"],
+            "additionalProperties": false,
             "properties": {
                 "type": { "const": "webhook" },
-                "topics": { "type": "array", "items": { "type": "string" }, "description": "[\"*\"] for every topic" },
-                "config": { "type": "object", "required": ["url"], "properties": { "url": { "type": "string", "format": "uri" } } },
-                "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+                "topics": topics_schema(),
+                "config": {
+                    "type": "object",
+                    "required": ["url"],
+                    "additionalProperties": false,
+                    "properties": { "url": url_schema() }
+                },
+                "headers": headers_schema(),
                 "enabled": { "type": "boolean", "default": true }
             }
         },
         "DestinationPatch": {
             "type": "object",
+            "additionalProperties": false,
             "properties": {
-                "topics": { "type": "array", "items": { "type": "string" } },
-                "config": { "type": "object", "properties": { "url": { "type": "string", "format": "uri" } } },
-                "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+                "topics": topics_schema(),
+                "config": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": { "url": url_schema() }
+                },
+                "headers": headers_schema(),
                 "enabled": { "type": "boolean" }
             }
         },
@@ -63,15 +193,16 @@ fn schemas() -> Value {
             "type": "object",
             "required": ["id", "tenant_id", "type", "topics", "config", "headers", "enabled", "credentials", "created_at", "updated_at"],
             "properties": {
-                "id": { "type": "string", "format": "uuid" },
+                "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
                 "type": { "const": "webhook" },
                 "topics": { "type": "array", "items": { "type": "string" } },
-                "config": { "type": "object", "properties": { "url": { "type": "string" } } },
+                "config": { "type": "object", "required": ["url"], "properties": { "url": { "type": "string" } } },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "enabled": { "type": "boolean" },
                 "credentials": {
                     "type": "object",
+                    "required": ["secret", "previous_secret"],
                     "properties": {
                         "secret": { "type": "string", "description": "whsec_ and base64 of the key" },
                         "previous_secret": {
@@ -86,24 +217,31 @@ fn schemas() -> Value {
         },
         "DestinationList": {
             "type": "object",
+            "required": ["items"],
             "properties": { "items": { "type": "array", "items": { "$ref": "#/components/schemas/Destination" } } }
         },
         "PublishInput": {
             "type": "object",
             "required": ["tenant_id", "topic", "data"],
+            "additionalProperties": false,
             "properties": {
-                "tenant_id": { "type": "string" },
-                "topic": { "type": "string" },
-                "data": { "description": "Any JSON; delivered as the webhook body." },
-                "id": { "type": "string", "description": "Idempotency key: the same id again never causes a second delivery. Ids starting with `cdc-` are reserved for the CDC source." }
+                "tenant_id": tenant_id_schema(),
+                "topic": topic_schema(),
+                "data": { "description": "Any JSON (at most 128 levels deep); delivered as the webhook body." },
+                "id": {
+                    "allOf": [event_id_schema(), { "not": { "pattern": "^cdc-" } }],
+                    "description": "Idempotency key: the same id again never causes a second delivery. Ids starting with `cdc-` are reserved for the CDC source."
+                }
             }
         },
         "Published": {
             "type": "object",
+            "required": ["id", "duplicate"],
             "properties": { "id": { "type": "string" }, "duplicate": { "type": "boolean" } }
         },
         "Event": {
             "type": "object",
+            "required": ["tenant_id", "id", "topic", "time", "data"],
             "properties": {
                 "tenant_id": { "type": "string" },
                 "id": { "type": "string" },
@@ -112,19 +250,14 @@ fn schemas() -> Value {
                 "data": {}
             }
         },
-        "EventPage": {
-            "type": "object",
-            "properties": {
-                "items": { "type": "array", "items": { "$ref": "#/components/schemas/Event" } },
-                "next": { "type": ["string", "null"] }
-            }
-        },
+        "EventPage": page("Event"),
         "Attempt": {
             "type": "object",
+            "required": ["id", "event_id", "destination_id", "number", "time", "status", "trigger"],
             "properties": {
-                "id": { "type": "string", "format": "uuid" },
+                "id": uuid_schema(),
                 "event_id": { "type": "string" },
-                "destination_id": { "type": "string", "format": "uuid" },
+                "destination_id": uuid_schema(),
                 "number": { "type": "integer" },
                 "time": timestamp,
                 "status": { "enum": ["success", "failed"] },
@@ -136,39 +269,30 @@ fn schemas() -> Value {
                 "topic": { "type": "string" }
             }
         },
-        "AttemptPage": {
-            "type": "object",
-            "properties": {
-                "items": { "type": "array", "items": { "$ref": "#/components/schemas/Attempt" } },
-                "next": { "type": ["string", "null"] }
-            }
-        },
+        "AttemptPage": page("Attempt"),
         "DeadLetter": {
             "type": "object",
+            "required": ["job_id", "event_id", "destination_id", "attempts", "reason", "dead_lettered_at"],
             "properties": {
                 "job_id": { "type": "string" },
                 "event_id": { "type": "string" },
                 "destination_id": { "type": "string" },
                 "attempts": { "type": "integer" },
-                "last_attempt_time": { "type": ["string", "null"], "format": "date-time" },
+                "last_attempt_time": nullable_timestamp,
                 "reason": { "type": "string" },
                 "dead_lettered_at": timestamp
             }
         },
-        "DeadLetterPage": {
-            "type": "object",
-            "properties": {
-                "items": { "type": "array", "items": { "$ref": "#/components/schemas/DeadLetter" } },
-                "next": { "type": ["string", "null"] }
-            }
-        },
+        "DeadLetterPage": page("DeadLetter"),
         "RetryInput": {
             "type": "object",
             "required": ["event_id", "destination_id"],
-            "properties": { "event_id": { "type": "string" }, "destination_id": { "type": "string" } }
+            "additionalProperties": false,
+            "properties": { "event_id": event_id_schema(), "destination_id": uuid_schema() }
         },
         "RetryQueued": {
             "type": "object",
+            "required": ["job_id", "event_id", "destination_id"],
             "properties": {
                 "job_id": { "type": "string" },
                 "event_id": { "type": "string" },
@@ -185,20 +309,51 @@ pub fn path_parameters(path: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The whole document.
-pub fn document() -> Value {
+/// The schema of a path parameter, by name.
+fn path_parameter_schema(name: &str) -> Value {
+    match name {
+        "tenant_id" => tenant_id_schema(),
+        "event_id" => event_id_schema(),
+        // Destination and attempt ids are UUIDs; anything else names nothing (404).
+        _ => uuid_schema(),
+    }
+}
+
+/// The schema of a query parameter, by name (the route table gives its JSON type).
+fn query_parameter_schema(name: &str, kind: &str) -> Value {
+    match name {
+        "limit" => json!({ "type": "integer", "minimum": 1, "maximum": 1000, "default": 100 }),
+        // Filters: an empty value filters nothing.
+        "status" => json!({ "enum": ["success", "failed", ""] }),
+        "event_id" => json!({ "type": "string", "pattern": "^[A-Za-z0-9._:~@+=-]{0,255}$" }),
+        "destination_id" => json!({ "anyOf": [uuid_schema(), { "const": "" }] }),
+        // A filter, not a topic: any text, and an empty one filters nothing.
+        _ => json!({ "type": kind }),
+    }
+}
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } }
+    })
+}
+
+/// The whole document, for a server running with `config` (it states `SHEAF_TOKEN_MAX_TTL`).
+pub fn document(config: &Config) -> Value {
     let mut paths = Map::new();
     for route in routes() {
-        let mut parameters: Vec<Value> = path_parameters(route.path)
-            .into_iter()
+        let path_params = path_parameters(route.path);
+        let mut parameters: Vec<Value> = path_params
+            .iter()
             .map(|name| {
-                json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } })
+                json!({ "name": name, "in": "path", "required": true, "schema": path_parameter_schema(name) })
             })
             .collect();
         for (name, kind, description) in route.query {
             parameters.push(json!({
                 "name": name, "in": "query", "required": false,
-                "description": description, "schema": { "type": kind }
+                "description": description, "schema": query_parameter_schema(name, kind)
             }));
         }
         let mut responses = Map::new();
@@ -213,6 +368,36 @@ pub fn document() -> Value {
             }
             responses.insert(status.to_string(), response);
         }
+        // The statuses every route of this shape can answer, whatever its handler does.
+        let mut implied: Vec<(u16, &str)> = Vec::new();
+        if !path_params.is_empty() || route.request.is_some() || !route.query.is_empty() {
+            implied.push((
+                400,
+                "Invalid request: a parameter or the body has the wrong shape or value",
+            ));
+        }
+        if route.request.is_some() {
+            implied.push((413, "Body larger than SHEAF_MAX_BODY_BYTES"));
+        }
+        if route.access != Access::Open {
+            implied.push((
+                401,
+                "Missing or wrong admin key, or an invalid or expired tenant token",
+            ));
+            implied.push((
+                403,
+                "A tenant token used on an admin route, or for another tenant",
+            ));
+            implied.push((503, "A store is unavailable; retry"));
+        }
+        if path_params.contains(&"tenant_id") || route.access == Access::TenantBody {
+            implied.push((404, "Unknown tenant or resource"));
+        }
+        for (status, description) in implied {
+            responses
+                .entry(status.to_string())
+                .or_insert_with(|| error_response(description));
+        }
         let mut operation = json!({
             "operationId": route.operation_id,
             "summary": route.summary,
@@ -221,15 +406,19 @@ pub fn document() -> Value {
             "responses": responses,
         });
         if let Some(schema) = route.request {
+            // Bodies that may be left out entirely (upsert a tenant, issue a token) say so.
+            let optional = matches!(schema, "TenantInput" | "TokenInput");
             operation["requestBody"] = json!({
-                "required": true,
+                "required": !optional,
                 "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } }
             });
         }
-        operation["security"] = if route.auth {
-            json!([{ "adminKey": [] }])
-        } else {
-            json!([])
+        operation["security"] = match route.access {
+            Access::Open => json!([]),
+            Access::Admin => json!([{ "adminKey": [] }]),
+            Access::TenantPath | Access::TenantBody => {
+                json!([{ "adminKey": [] }, { "tenantToken": [] }])
+            }
         };
         let entry = paths
             .entry(route.path.to_owned())
@@ -241,13 +430,14 @@ pub fn document() -> Value {
         "info": {
             "title": "Sheaf",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Event delivery: publish events, deliver them as signed webhooks (Standard Webhooks), retry on a schedule. Errors are {\"error\": {\"code\", \"message\"}}."
+            "description": "Event delivery: publish events, deliver them as signed webhooks (Standard Webhooks), retry on a schedule. Errors are {\"error\": {\"code\", \"message\"}}. Request bodies refuse unknown fields."
         },
         "paths": paths,
         "components": {
-            "schemas": schemas(),
+            "schemas": schemas(config),
             "securitySchemes": {
-                "adminKey": { "type": "http", "scheme": "bearer", "description": "SHEAF_API_KEY" }
+                "adminKey": { "type": "http", "scheme": "bearer", "description": "SHEAF_API_KEY: every protected route" },
+                "tenantToken": { "type": "http", "scheme": "bearer", "description": "A tenant token (POST /api/v1/tenants/{tenant_id}/tokens): that tenant's routes and publishes only" }
             }
         }
     })
@@ -259,7 +449,8 @@ mod tests {
 
     #[test]
     fn every_schema_reference_resolves() {
-        let doc = document();
+        let config = Config::load(std::collections::HashMap::new()).unwrap();
+        let doc = document(&config);
         let text = doc.to_string();
         let schemas = doc["components"]["schemas"].as_object().unwrap();
         for piece in text.split("#/components/schemas/").skip(1) {

@@ -31,7 +31,6 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use sheaf_store::{
@@ -40,25 +39,11 @@ use sheaf_store::{
 };
 use uuid::Uuid;
 
+pub use crate::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::logio::LogRecord;
 use crate::metrics::Metrics;
-
-/// The body of `POST /api/v1/publish`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PublishRequest {
-    /// Whose event it is.
-    pub tenant_id: String,
-    /// What kind of event.
-    pub topic: String,
-    /// The JSON delivered to destinations.
-    pub data: serde_json::Value,
-    /// The idempotency key; generated when absent.
-    #[serde(default)]
-    pub id: Option<String>,
-}
 
 /// What a publish did.
 #[derive(Debug, Clone)]
@@ -109,24 +94,11 @@ fn matches(destination: &Destination, event: &Event) -> bool {
     destination.enabled && destination.topics.matches(&event.topic)
 }
 
-/// The prefix of the event ids the CDC source derives (`cdc-<slot>-<commit LSN>-<position>`).
-/// Publishers may not choose ids that start with it, so a CDC event never collides with a
-/// published one.
-pub const CDC_ID_PREFIX: &str = "cdc-";
-
-/// Publishes an event: see the module docs.
-pub async fn publish(core: &Arc<Core>, request: PublishRequest) -> Result<Published, ApiError> {
-    let tenant_id = TenantId::new(request.tenant_id)?;
-    validate_topic(&request.topic)?;
+/// Publishes an event whose body passed [`crate::body::validate_publish`]: see the module docs.
+pub async fn publish(core: &Arc<Core>, request: ValidPublish) -> Result<Published, ApiError> {
+    let tenant_id = request.tenant_id;
     let (id, chosen) = match request.id {
-        Some(id) => {
-            if id.starts_with(CDC_ID_PREFIX) {
-                return Err(ApiError::invalid(format!(
-                    "event ids starting with {CDC_ID_PREFIX:?} are reserved for the CDC source"
-                )));
-            }
-            (EventId::new(id)?, true)
-        }
+        Some(id) => (id, true),
         None => (EventId::generate(), false),
     };
     let event = NewEvent {
@@ -410,20 +382,6 @@ pub async fn manual_retry(
     crate::metrics::Metrics::inc(&core.metrics.jobs_enqueued);
     core.wake.notify_one();
     Ok(job.id)
-}
-
-/// Maps a JSON body's deserialization error to the API's 400.
-pub fn bad_body(err: &serde_json::Error) -> ApiError {
-    let code = if err.is_syntax() || err.is_eof() {
-        "malformed_json"
-    } else {
-        "invalid_request"
-    };
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        code,
-        format!("request body: {err}"),
-    )
 }
 
 #[cfg(test)]

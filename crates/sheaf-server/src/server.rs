@@ -23,7 +23,8 @@ pub struct Running {
     pub core: Arc<Core>,
     stop_http: CancellationToken,
     http: JoinHandle<std::io::Result<()>>,
-    engine: Engine,
+    /// `None` with `SHEAF_DELIVERY_WORKERS=0`: this process only serves the API.
+    engine: Option<Engine>,
     cdc: Option<CdcRunner>,
 }
 
@@ -40,7 +41,11 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         .with_context(|| format!("cannot listen on {} (SHEAF_LISTEN)", config.listen))?;
     let addr = listener.local_addr()?;
     let core = Core::new(config, stores)?;
-    let engine = Engine::start(Arc::clone(&core))?;
+    let engine = if core.config.delivery_workers > 0 {
+        Some(Engine::start(Arc::clone(&core))?)
+    } else {
+        None
+    };
     let cdc = core
         .config
         .cdc
@@ -86,7 +91,9 @@ impl Running {
             Ok(Err(err)) => tracing::warn!(error = %err, "http server task failed"),
             Err(_) => tracing::warn!("http requests did not finish within {deadline:?}"),
         }
-        self.engine.shutdown(deadline).await;
+        if let Some(engine) = self.engine {
+            engine.shutdown(deadline).await;
+        }
         self.core.close().await;
     }
 }

@@ -7,9 +7,14 @@
 //! either secret of a rotation verifies it. The destination's custom headers follow.
 //!
 //! A 2xx answer is success. Anything else fails the attempt, redirects included: following a
-//! redirect would send a signed event to a URL nobody validated (the private-address guard
-//! checks only the configured URL), so a 3xx is a failure whose `Location` the operator sees
-//! in the attempt's response code.
+//! redirect would send a signed event to a URL nobody validated, so a 3xx is a failure whose
+//! `Location` the operator sees in the attempt's `error`. (Following only redirects that pass
+//! the guard was the alternative; receivers that move can update their destination instead,
+//! and a policy that is never followed cannot be talked into an internal address.)
+//!
+//! While the private-destination guard is on, the client resolves names through
+//! [`GuardedResolver`] and uses no proxy, and IP literals are checked before the request, so
+//! the address a delivery connects to is the address that was checked (see `guard.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +24,8 @@ use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 use sheaf_store::{Destination, EventId, Secret, Timestamp};
+
+use crate::guard::{GuardedResolver, check_literal};
 
 /// Header names a destination's custom headers may not set: the signature's and the body's.
 pub const RESERVED_HEADERS: [&str; 5] = [
@@ -90,18 +97,27 @@ pub struct Delivered {
 #[derive(Debug, Clone)]
 pub struct Sender {
     client: reqwest::Client,
+    guard: bool,
 }
 
 impl Sender {
-    /// A sender whose requests give up after `timeout`.
-    pub fn new(timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
+    /// A sender whose requests give up after `timeout`. Unless `allow_private`
+    /// (`SHEAF_ALLOW_PRIVATE_DESTINATIONS`), it connects only to public addresses.
+    pub fn new(timeout: Duration, allow_private: bool) -> anyhow::Result<Self> {
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("sheaf/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        Ok(Self { client })
+            .user_agent(concat!("sheaf/", env!("CARGO_PKG_VERSION")));
+        if !allow_private {
+            builder = builder
+                .dns_resolver(std::sync::Arc::new(GuardedResolver))
+                .no_proxy();
+        }
+        Ok(Self {
+            client: builder.build()?,
+            guard: !allow_private,
+        })
     }
 
     /// POSTs `body` (the event's data as JSON) to the destination, signed with its secrets
@@ -138,6 +154,22 @@ impl Sender {
             headers.insert("webhook-signature", v);
         }
         let started = Instant::now();
+        if self.guard {
+            let refused = match reqwest::Url::parse(&destination.url) {
+                Ok(url) => check_literal(&url).err().map(|e| e.0),
+                Err(err) => Some(format!("the destination URL does not parse: {err}")),
+            };
+            if let Some(reason) = refused {
+                return Delivered {
+                    code: None,
+                    success: false,
+                    body: None,
+                    error: Some(format!("refused before connecting: {reason}")),
+                    elapsed: started.elapsed(),
+                    retry_after: None,
+                };
+            }
+        }
         let sent = self
             .client
             .post(&destination.url)

@@ -56,6 +56,18 @@ fn an_invalid_setting_stops_start_up_and_names_the_setting() {
             "maybe",
             "invalid SHEAF_ALLOW_PRIVATE_DESTINATIONS",
         ),
+        // 31 bytes: one short. The message names the setting, never the value.
+        (
+            "SHEAF_SECRETS_KEY",
+            "c2VjcmV0LXZhbHVlLW5ldmVyLXByaW50ZWQtMDEyMw==",
+            "invalid SHEAF_SECRETS_KEY",
+        ),
+        // Valid, but without SHEAF_API_KEY a tenant token would restrict nothing.
+        (
+            "SHEAF_TOKEN_SIGNING_KEY",
+            "c2VjcmV0LXZhbHVlLW5ldmVyLXByaW50ZWQtMDEyMzQ=",
+            "invalid SHEAF_TOKEN_SIGNING_KEY",
+        ),
     ] {
         let output = sheaf()
             .arg("serve")
@@ -72,6 +84,12 @@ fn an_invalid_setting_stops_start_up_and_names_the_setting() {
             stderr.contains(expected),
             "{name}={value}: stderr was {stderr:?}"
         );
+        if name.ends_with("_KEY") {
+            assert!(
+                !stderr.contains(value),
+                "a key is never printed: {stderr:?}"
+            );
+        }
     }
     // Without an admin key the service refuses a non-loopback address, and says why.
     let output = sheaf()

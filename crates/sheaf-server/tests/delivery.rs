@@ -190,6 +190,14 @@ async fn a_manual_retry_delivers_again_and_is_marked_manual() {
     assert_eq!(client.publish("manual", "m-1", json!(1)).await.status, 202);
     let ids: HashSet<String> = ["m-1".to_owned()].into();
     assert!(receiver.wait_for(&ids, Duration::from_secs(10)).await);
+    // The attempt is logged just after the receiver answered; a manual retry numbers itself
+    // after the latest logged attempt, so wait (bounded) until the first one is there.
+    for _ in 0..100 {
+        if !client.attempts_of("manual", "m-1").await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let retry = client
         .send(

@@ -6,11 +6,18 @@
 //! - `binary`: the `sheaf` binary's help, version, configuration errors and the docs' table.
 //! - `shared`: Postgres and ClickHouse configurations, and two `sheaf` processes sharing them.
 //! - `cdc`: the CDC source on the real Postgres, in process and through the binary killed mid-stream.
+//! - `bad_input`: oversized, deep, non-UTF-8 and unknown input, absurd limits and bad cursors.
+//! - `schemathesis`: generated requests against the OpenAPI document (PyPI's schemathesis).
+//! - `security`: tenant tokens walked over every route, sealed secrets, secret-free logs, the
+//!   connect-time guard and redirects.
 
 mod api;
+mod bad_input;
 mod binary;
 mod cdc;
 mod delivery;
+mod schemathesis;
+mod security;
 mod shared;
 mod signatures;
 mod support;

@@ -367,7 +367,8 @@ pub struct Sheaf {
 
 impl Sheaf {
     /// Starts the real binary with only `env` as its `SHEAF_*` settings (plus an ephemeral
-    /// loopback port and `info` logs), and waits (at most 60 s) until it listens.
+    /// loopback port, and `info` logs unless `env` sets `SHEAF_LOG`), and waits (at most 60 s)
+    /// until it listens.
     pub fn spawn(env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
         for (name, _) in std::env::vars() {
@@ -377,9 +378,9 @@ impl Sheaf {
         }
         command
             .arg("serve")
+            .env("SHEAF_LOG", "info")
             .envs(env.iter().copied())
             .env("SHEAF_LISTEN", "127.0.0.1:0")
-            .env("SHEAF_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
