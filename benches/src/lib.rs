@@ -1,2 +1,3 @@
-//! Holds no code: this package exists for its criterion benchmarks under `benches/`,
-//! which measure Sheaf's crates together (`cargo bench -p sheaf-benches`).
+//! Holds no code: the library target exists for the criterion benchmarks under `benches/`
+//! (`cargo bench -p sheaf-benches`). The seeds' experiments on real servers are the
+//! `sheaf-bench` binary (`src/main.rs`), driven by `cargo xtask bench <scenario>`.

@@ -5,6 +5,8 @@
 //! `SHEAF_TEST_*` variables, and stop exactly what they started. Everything
 //! here must work on a fresh machine with nothing installed by hand.
 
+mod bench;
+mod chaos;
 mod process;
 mod services;
 mod test;
@@ -18,7 +20,16 @@ commands:
   services up        start Postgres (wal_level = logical) and ClickHouse, write target/xtask/services.env
   services down      stop what `services up` started, by PID
   services status    show what is running and whether xtask started it
-  test [ARGS…]       services up, every test of the workspace, services down (ARGS go to the test runner)
+  test [ARGS…]       services up, every test of the workspace, `bench all --quick`, services down (ARGS go to the test runner)
+  bench SCENARIO…|all [--quick]
+                     services up, the seeds' experiments on the real servers (lookup, parts, queue, delivery,
+                     burst, cdc), services down; results in target/bench/<scenario>.json and .svg
+  chaos SCENARIO…|all [--quick]
+                     the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
+                     target/xtask/chaos-clickhouse), started and stopped around it: kill, postgres,
+                     clickhouse, shutdown, cdc
+  chaos-ctl postgres stop|start|restart | clickhouse stop|start
+                     stop or start the fault suite's own servers (its scenarios call this)
   ci                 cargo fmt --check, cargo clippy -D warnings, then `test`
 ";
 
@@ -50,6 +61,9 @@ fn try_main() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ["test", rest @ ..] => test::test(rest),
+        ["bench", rest @ ..] => bench::bench(rest),
+        ["chaos", rest @ ..] => chaos::chaos(rest),
+        ["chaos-ctl", rest @ ..] => chaos::ctl(rest),
         ["ci"] => test::ci(),
         ["help" | "--help" | "-h"] | [] => {
             print!("{USAGE}");

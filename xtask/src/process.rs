@@ -33,9 +33,8 @@ pub fn state_dir() -> PathBuf {
 
 /// Whether a program can be found on `PATH`.
 pub fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 /// Runs a command to completion, capturing its output; fails with the command line
@@ -145,7 +144,12 @@ pub fn pid_cmdline(pid: u32) -> Option<String> {
 
 /// Sends a signal to one process by PID, with the `kill` utility.
 pub fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
-    run_captured(Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string())).map(|_| ())
+    run_captured(
+        Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string()),
+    )
+    .map(|_| ())
 }
 
 /// Sends SIGTERM, waits up to `grace`, then SIGKILL; returns once the process is gone.
@@ -172,7 +176,11 @@ pub fn stop_pid(pid: u32, grace: std::time::Duration) -> anyhow::Result<()> {
 }
 
 /// A plain HTTP/1.0 GET on loopback; returns the status code and body.
-pub fn http_get(port: u16, path: &str, timeout: std::time::Duration) -> anyhow::Result<(u16, String)> {
+pub fn http_get(
+    port: u16,
+    path: &str,
+    timeout: std::time::Duration,
+) -> anyhow::Result<(u16, String)> {
     use std::io::{Read, Write};
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
@@ -200,6 +208,7 @@ pub fn free_port(preferred: u16) -> anyhow::Result<u16> {
     if !port_in_use(preferred) {
         return Ok(preferred);
     }
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).context("no free loopback port")?;
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).context("no free loopback port")?;
     Ok(listener.local_addr()?.port())
 }

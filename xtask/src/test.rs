@@ -5,23 +5,41 @@ use crate::services;
 use anyhow::Context;
 use std::process::{Command, ExitCode};
 
-/// Starts the services, runs every suite with their URLs, and stops what it started,
-/// also when a suite fails.
+/// Starts the services, runs every suite with their URLs, then every benchmark scenario at
+/// its quick size (issue 9: each must still run to completion; nothing there judges timing),
+/// then every fault scenario at its quick size (issue 10: on servers of its own, which it
+/// starts and stops; a scenario that loses an event fails the run), and stops what it
+/// started, also when a suite fails.
 pub fn test(runner_args: &[&str]) -> anyhow::Result<ExitCode> {
     let env = services::up()?;
     env.print();
-    let outcome = run_suites(&env, runner_args);
+    let outcome = run_suites(&env, runner_args).and_then(|suites_passed| {
+        let benches_ran = crate::bench::run(&env, &["all"], true)?;
+        let chaos_passed = crate::chaos::run(&["all"], true)?;
+        Ok(suites_passed && benches_ran && chaos_passed)
+    });
     let stopped = services::stop(env.started);
     let passed = outcome?;
     stopped.context("the suites ran, but stopping the services failed")?;
-    Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// `cargo fmt --check` and clippy first: they are cheap and fail fast.
 pub fn ci() -> anyhow::Result<ExitCode> {
     let checks: [&[&str]; 2] = [
         &["fmt", "--all", "--", "--check"],
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
     ];
     for args in checks {
         if !cargo(args).status().is_ok_and(|s| s.success()) {

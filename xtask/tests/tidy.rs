@@ -10,7 +10,10 @@
 use std::path::{Path, PathBuf};
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Every `.rs` file below the root, skipping build output and VCS data.
@@ -45,7 +48,10 @@ fn every_rust_file_starts_with_a_module_comment() {
             !text.trim_start().starts_with("//!")
         })
         .collect();
-    assert!(missing.is_empty(), "these files do not start with a `//!` comment: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "these files do not start with a `//!` comment: {missing:#?}"
+    );
 }
 
 #[test]
@@ -58,11 +64,20 @@ fn no_ignored_or_should_panic_tests() {
         let text = std::fs::read_to_string(&path).unwrap();
         for (number, line) in text.lines().enumerate() {
             if banned.iter().any(|b| line.contains(b)) {
-                offences.push(format!("{}:{}: {}", path.display(), number + 1, line.trim()));
+                offences.push(format!(
+                    "{}:{}: {}",
+                    path.display(),
+                    number + 1,
+                    line.trim()
+                ));
             }
         }
     }
-    assert!(offences.is_empty(), "ignored or should_panic tests:\n{}", offences.join("\n"));
+    assert!(
+        offences.is_empty(),
+        "ignored or should_panic tests:\n{}",
+        offences.join("\n")
+    );
 }
 
 #[test]

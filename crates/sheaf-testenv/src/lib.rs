@@ -33,7 +33,9 @@ pub fn server_url(var: &str, test: &str) -> Option<String> {
             "{test}: {var} is not set, and under CI a test that needs its server must not skip; run the suites with `cargo xtask test`"
         ),
         _ => {
-            println!("skipping {test}: {var} is not set (run `cargo xtask test`, or `cargo xtask services up` and export the variables it prints)");
+            println!(
+                "skipping {test}: {var} is not set (run `cargo xtask test`, or `cargo xtask services up` and export the variables it prints)"
+            );
             None
         }
     }
@@ -97,6 +99,9 @@ mod tests {
         let b = unique_name("sheaf");
         assert_ne!(a, b);
         assert!(a.starts_with("sheaf_"));
-        assert!(a.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        );
     }
 }

@@ -6,7 +6,9 @@ use sheaf_testenv::{require_clickhouse, require_postgres};
 #[tokio::test]
 async fn postgres_answers_with_logical_replication() {
     let url = require_postgres!("postgres_answers_with_logical_replication");
-    let pool = sqlx::PgPool::connect(&url).await.expect("connect to the test Postgres");
+    let pool = sqlx::PgPool::connect(&url)
+        .await
+        .expect("connect to the test Postgres");
     let wal_level: String = sqlx::query_scalar("SHOW wal_level")
         .fetch_one(&pool)
         .await
@@ -23,7 +25,10 @@ async fn postgres_answers_with_logical_replication() {
         .await
         .expect("server version");
     println!("postgres server_version_num = {version}, wal_level = {wal_level}");
-    assert!(version >= 150_000, "Sheaf is tested on Postgres 15 or newer, got {version}");
+    assert!(
+        version >= 150_000,
+        "Sheaf is tested on Postgres 15 or newer, got {version}"
+    );
 }
 
 #[tokio::test]

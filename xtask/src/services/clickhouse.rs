@@ -16,8 +16,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Python packages the suites need, installed into one cached virtual environment.
-/// `standardwebhooks` verifies Sheaf's webhook signatures in the service's tests.
-pub const PYTHON_REQUIREMENTS: &[&str] = &["chdb-core==26.9.0", "standardwebhooks==1.1.0"];
+/// `standardwebhooks` verifies Sheaf's webhook signatures in the service's tests;
+/// `schemathesis` generates requests against the service's OpenAPI document.
+pub const PYTHON_REQUIREMENTS: &[&str] = &[
+    "chdb-core==26.9.0",
+    "standardwebhooks==1.1.0",
+    "schemathesis==4.32.5",
+];
 
 /// The port tried first, so a developer's URL stays the same between runs.
 const PREFERRED_PORT: u16 = 18123;
@@ -27,20 +32,38 @@ pub struct Up {
     pub started: bool,
 }
 
-fn workdir() -> PathBuf {
-    state_dir().join("clickhouse")
+/// One ClickHouse server: its work directory (config, data, PID and port files, launcher) and
+/// the port it tries first. `services up` runs the shared one; `cargo xtask chaos` runs its own
+/// in another directory, which it stops and starts while the suites keep using the shared one.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub workdir: PathBuf,
+    pub preferred_port: u16,
+    /// The command that stops it, for error messages.
+    pub stop_command: &'static str,
 }
 
-fn pid_file() -> PathBuf {
-    workdir().join("server.pid")
-}
+impl Instance {
+    /// The server `cargo xtask services up` starts for the suites.
+    pub fn shared() -> Self {
+        Self {
+            workdir: state_dir().join("clickhouse"),
+            preferred_port: PREFERRED_PORT,
+            stop_command: "cargo xtask services down",
+        }
+    }
 
-fn port_file() -> PathBuf {
-    workdir().join("server.port")
-}
+    fn pid_file(&self) -> PathBuf {
+        self.workdir.join("server.pid")
+    }
 
-fn launcher() -> PathBuf {
-    workdir().join("launch_clickhouse.py")
+    fn port_file(&self) -> PathBuf {
+        self.workdir.join("server.port")
+    }
+
+    fn launcher(&self) -> PathBuf {
+        self.workdir.join("launch_clickhouse.py")
+    }
 }
 
 /// The cache folder that outlives `target/`: `$SHEAF_CACHE_DIR`, else `$XDG_CACHE_HOME/sheaf`, else `~/.cache/sheaf`.
@@ -69,27 +92,48 @@ pub fn venv_python() -> PathBuf {
 pub fn ensure_venv() -> anyhow::Result<()> {
     let marker = venv_dir().join(".sheaf-requirements");
     let wanted = PYTHON_REQUIREMENTS.join("\n");
-    if venv_python().is_file() && std::fs::read_to_string(&marker).ok().as_deref() == Some(&wanted) {
+    if venv_python().is_file() && std::fs::read_to_string(&marker).ok().as_deref() == Some(&wanted)
+    {
         return Ok(());
     }
     if !on_path("python3") {
         apt_install(&["python3", "python3-venv"])?;
     }
     if !venv_python().is_file() {
-        println!("xtask: creating the Python environment in {}", venv_dir().display());
+        println!(
+            "xtask: creating the Python environment in {}",
+            venv_dir().display()
+        );
         std::fs::create_dir_all(cache_dir())?;
-        let made = output_of(Command::new("python3").arg("-m").arg("venv").arg(venv_dir()))?;
+        let made = output_of(
+            Command::new("python3")
+                .arg("-m")
+                .arg("venv")
+                .arg(venv_dir()),
+        )?;
         if !made.status.success() {
             // Debian splits ensurepip out of python3; install it and try once more.
             let _ = std::fs::remove_dir_all(venv_dir());
             apt_install(&["python3-venv"])?;
-            run_visible(Command::new("python3").arg("-m").arg("venv").arg(venv_dir()))?;
+            run_visible(
+                Command::new("python3")
+                    .arg("-m")
+                    .arg("venv")
+                    .arg(venv_dir()),
+            )?;
         }
     }
     println!("xtask: installing {}", PYTHON_REQUIREMENTS.join(" "));
     run_visible(
         Command::new(venv_python())
-            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-input",
+            ])
             .args(PYTHON_REQUIREMENTS),
     )
     .context("pip could not install the ClickHouse wheel; is the package index reachable?")?;
@@ -189,14 +233,23 @@ engine.query(
 "#;
 
 /// The PID of our running server, if the recorded process is still ours.
-fn running_pid() -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(pid_file()).ok()?.trim().parse().ok()?;
+pub fn running_pid(instance: &Instance) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(instance.pid_file())
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let cmdline = pid_cmdline(pid)?;
-    (pid_alive(pid) && cmdline.contains(&launcher().to_string_lossy().into_owned())).then_some(pid)
+    let launcher = instance.launcher().to_string_lossy().into_owned();
+    (pid_alive(pid) && cmdline.contains(&launcher)).then_some(pid)
 }
 
-fn recorded_port() -> Option<u16> {
-    std::fs::read_to_string(port_file()).ok()?.trim().parse().ok()
+fn recorded_port(instance: &Instance) -> Option<u16> {
+    std::fs::read_to_string(instance.port_file())
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn ping(port: u16) -> bool {
@@ -204,7 +257,12 @@ fn ping(port: u16) -> bool {
 }
 
 pub fn up() -> anyhow::Result<Up> {
-    if let (Some(pid), Some(port)) = (running_pid(), recorded_port()) {
+    up_in(&Instance::shared())
+}
+
+/// Starts `instance` unless it runs already (idempotent).
+pub fn up_in(instance: &Instance) -> anyhow::Result<Up> {
+    if let (Some(pid), Some(port)) = (running_pid(instance), recorded_port(instance)) {
         if ping(port) {
             return Ok(Up {
                 url: format!("http://127.0.0.1:{port}"),
@@ -212,26 +270,31 @@ pub fn up() -> anyhow::Result<Up> {
             });
         }
         bail!(
-            "clickhouse (pid {pid}) is running but does not answer /ping on port {port}; run `cargo xtask services down` and try again"
+            "clickhouse (pid {pid}) is running but does not answer /ping on port {port}; run `{}` and try again",
+            instance.stop_command
         );
     }
 
     ensure_venv()?;
-    std::fs::create_dir_all(workdir().join("data"))?;
-    let port = free_port(PREFERRED_PORT)?;
-    std::fs::write(workdir().join("config.xml"), config_xml(port, &workdir().join("users.xml")))?;
-    std::fs::write(workdir().join("users.xml"), USERS_XML)?;
-    std::fs::write(launcher(), LAUNCHER)?;
-    let log_path = workdir().join("server.log");
+    let workdir = &instance.workdir;
+    std::fs::create_dir_all(workdir.join("data"))?;
+    let port = free_port(instance.preferred_port)?;
+    std::fs::write(
+        workdir.join("config.xml"),
+        config_xml(port, &workdir.join("users.xml")),
+    )?;
+    std::fs::write(workdir.join("users.xml"), USERS_XML)?;
+    std::fs::write(instance.launcher(), LAUNCHER)?;
+    let log_path = workdir.join("server.log");
     let log = std::fs::File::create(&log_path)?;
 
     let started_at = Instant::now();
     let mut child = {
         use std::os::unix::process::CommandExt;
         Command::new(venv_python())
-            .arg(launcher())
-            .arg(workdir())
-            .current_dir(workdir())
+            .arg(instance.launcher())
+            .arg(workdir)
+            .current_dir(workdir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -241,8 +304,8 @@ pub fn up() -> anyhow::Result<Up> {
             .context("could not start the ClickHouse launcher")?
     };
     let pid = child.id();
-    std::fs::write(pid_file(), pid.to_string())?;
-    std::fs::write(port_file(), port.to_string())?;
+    std::fs::write(instance.pid_file(), pid.to_string())?;
+    std::fs::write(instance.port_file(), port.to_string())?;
     println!("xtask: starting clickhouse (pid {pid}) on 127.0.0.1:{port}");
 
     let deadline = started_at + Duration::from_secs(120);
@@ -279,7 +342,12 @@ pub fn up() -> anyhow::Result<Up> {
 }
 
 pub fn down() -> anyhow::Result<()> {
-    if let Some(pid) = running_pid() {
+    down_in(&Instance::shared())
+}
+
+/// Stops `instance` by its recorded PID, if it runs.
+pub fn down_in(instance: &Instance) -> anyhow::Result<()> {
+    if let Some(pid) = running_pid(instance) {
         let peak = peak_rss_kib(pid);
         println!(
             "xtask: stopping clickhouse (pid {pid}; peak RSS {})",
@@ -287,8 +355,8 @@ pub fn down() -> anyhow::Result<()> {
         );
         stop_pid(pid, Duration::from_secs(20))?;
     }
-    let _ = std::fs::remove_file(pid_file());
-    let _ = std::fs::remove_file(port_file());
+    let _ = std::fs::remove_file(instance.pid_file());
+    let _ = std::fs::remove_file(instance.port_file());
     Ok(())
 }
 
@@ -300,10 +368,15 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 }
 
 pub fn status() -> anyhow::Result<()> {
-    match (running_pid(), recorded_port()) {
+    let instance = Instance::shared();
+    match (running_pid(&instance), recorded_port(&instance)) {
         (Some(pid), Some(port)) => println!(
             "clickhouse: running (pid {pid}) on 127.0.0.1:{port}, {}, started by xtask",
-            if ping(port) { "answers /ping" } else { "does not answer /ping" }
+            if ping(port) {
+                "answers /ping"
+            } else {
+                "does not answer /ping"
+            }
         ),
         _ => println!("clickhouse: not running"),
     }

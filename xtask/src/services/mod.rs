@@ -4,9 +4,9 @@
 //! `target/xtask/` what it started (with the PID), so that `down` stops exactly
 //! that and nothing a developer started by hand.
 
-mod clickhouse;
+pub mod clickhouse;
 pub use clickhouse::venv_python;
-mod postgres;
+pub mod postgres;
 
 use crate::process::state_dir;
 use anyhow::Context;
@@ -47,6 +47,9 @@ pub fn env_file() -> PathBuf {
 pub fn up() -> anyhow::Result<ServicesEnv> {
     std::fs::create_dir_all(state_dir()).context("cannot create target/xtask")?;
     let pg = postgres::up().context("postgres")?;
+    // Every up, not only when ClickHouse starts: the suites also need the environment's other
+    // packages, and a pin added while a server kept running must still be installed.
+    clickhouse::ensure_venv().context("python environment")?;
     let ch = clickhouse::up().context("clickhouse")?;
     let vars = vec![(POSTGRES_URL_VAR, pg.url), (CLICKHOUSE_URL_VAR, ch.url)];
     let text: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
@@ -71,8 +74,16 @@ pub fn down() -> anyhow::Result<()> {
 /// Stops the chosen services, if (and only if) xtask started them.
 pub fn stop(which: Started) -> anyhow::Result<()> {
     // Stop both even if the first fails, then report the first failure.
-    let ch = if which.clickhouse { clickhouse::down() } else { Ok(()) };
-    let pg = if which.postgres { postgres::down() } else { Ok(()) };
+    let ch = if which.clickhouse {
+        clickhouse::down()
+    } else {
+        Ok(())
+    };
+    let pg = if which.postgres {
+        postgres::down()
+    } else {
+        Ok(())
+    };
     // The env file describes running servers: it goes once one of them may be gone,
     // and stays when nothing was stopped (another session still uses it).
     if which.clickhouse || which.postgres {

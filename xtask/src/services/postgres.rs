@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const VERSION: &str = "15";
-const ROLE: &str = "sheaf";
+pub const VERSION: &str = "15";
+pub const ROLE: &str = "sheaf";
 // A throwaway credential for a loopback-only test role, not a secret.
-const PASSWORD: &str = "sheaf";
+pub const PASSWORD: &str = "sheaf";
 const DATABASE: &str = "sheaf_test";
 
 pub struct Up {
@@ -24,29 +24,29 @@ pub struct Up {
 
 /// One row of `pg_lsclusters`.
 #[derive(Debug)]
-struct Cluster {
-    version: String,
-    name: String,
-    port: u16,
-    online: bool,
-    data_dir: PathBuf,
+pub struct Cluster {
+    pub version: String,
+    pub name: String,
+    pub port: u16,
+    pub online: bool,
+    pub data_dir: PathBuf,
 }
 
 impl Cluster {
-    fn ctl(&self, action: &str) -> Command {
+    pub fn ctl(&self, action: &str) -> Command {
         let mut cmd = as_root("pg_ctlcluster");
         cmd.args([self.version.as_str(), self.name.as_str(), action]);
         cmd
     }
 
     /// The postmaster's PID, from its pid file (first line).
-    fn postmaster_pid(&self) -> Option<u32> {
+    pub fn postmaster_pid(&self) -> Option<u32> {
         let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
         text.lines().next()?.trim().parse().ok()
     }
 
     /// Runs SQL as the `postgres` superuser and returns its unaligned, tuples-only output.
-    fn psql(&self, database: &str, sql: &str) -> anyhow::Result<String> {
+    pub fn psql(&self, database: &str, sql: &str) -> anyhow::Result<String> {
         let mut cmd = as_root("runuser");
         cmd.args(["-u", "postgres", "--", "psql", "-X", "-q", "-t", "-A"])
             .args(["-v", "ON_ERROR_STOP=1", "-p"])
@@ -55,7 +55,7 @@ impl Cluster {
         Ok(run_captured(&mut cmd)?.trim().to_owned())
     }
 
-    fn wait_ready(&self) -> anyhow::Result<()> {
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ready = output_of(
@@ -80,13 +80,38 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+
+    /// Creates the `sheaf` role (`LOGIN REPLICATION`) and `database` owned by it, unless they exist.
+    pub fn ensure_role_and_database(&self, database: &str) -> anyhow::Result<()> {
+        self.psql(
+            "postgres",
+            &format!(
+                "DO $$ BEGIN
+                   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') THEN
+                     CREATE ROLE {ROLE} LOGIN REPLICATION PASSWORD '{PASSWORD}';
+                   END IF;
+                 END $$"
+            ),
+        )?;
+        let exists = self.psql(
+            "postgres",
+            &format!("SELECT 1 FROM pg_database WHERE datname = '{database}'"),
+        )?;
+        if exists.is_empty() {
+            self.psql(
+                "postgres",
+                &format!("CREATE DATABASE {database} OWNER {ROLE}"),
+            )?;
+        }
+        Ok(())
+    }
 }
 
 fn marker() -> PathBuf {
     state_dir().join("postgres.started")
 }
 
-fn clusters() -> anyhow::Result<Vec<Cluster>> {
+pub fn clusters() -> anyhow::Result<Vec<Cluster>> {
     let text = run_captured(Command::new("pg_lsclusters").arg("--no-header"))?;
     let mut out = Vec::new();
     for line in text.lines() {
@@ -97,7 +122,9 @@ fn clusters() -> anyhow::Result<Vec<Cluster>> {
         out.push(Cluster {
             version: cols[0].to_owned(),
             name: cols[1].to_owned(),
-            port: cols[2].parse().context("pg_lsclusters printed a non-numeric port")?,
+            port: cols[2]
+                .parse()
+                .context("pg_lsclusters printed a non-numeric port")?,
             online: cols[3].starts_with("online"),
             data_dir: PathBuf::from(cols[5]),
         });
@@ -105,9 +132,13 @@ fn clusters() -> anyhow::Result<Vec<Cluster>> {
     Ok(out)
 }
 
-/// The cluster the suites use: `15/main` when it exists, else the first 15 cluster.
+/// The cluster the suites use: `15/main` when it exists, else the first 15 cluster that is
+/// not the fault suite's own (`cargo xtask chaos` stops and restarts that one).
 fn find_cluster() -> anyhow::Result<Option<Cluster>> {
-    let mut all: Vec<Cluster> = clusters()?.into_iter().filter(|c| c.version == VERSION).collect();
+    let mut all: Vec<Cluster> = clusters()?
+        .into_iter()
+        .filter(|c| c.version == VERSION && c.name != crate::chaos::POSTGRES_CLUSTER)
+        .collect();
     let main = all.iter().position(|c| c.name == "main");
     Ok(match main {
         Some(i) => Some(all.swap_remove(i)),
@@ -115,13 +146,16 @@ fn find_cluster() -> anyhow::Result<Option<Cluster>> {
     })
 }
 
-fn ensure_installed() -> anyhow::Result<()> {
+pub fn ensure_installed() -> anyhow::Result<()> {
     let server = PathBuf::from(format!("/usr/lib/postgresql/{VERSION}/bin/postgres"));
     if on_path("pg_lsclusters") && server.is_file() && on_path("pg_isready") {
         return Ok(());
     }
-    apt_install(&[&format!("postgresql-{VERSION}"), &format!("postgresql-client-{VERSION}")])
-        .context("postgres 15 is not installed and installing it failed")
+    apt_install(&[
+        &format!("postgresql-{VERSION}"),
+        &format!("postgresql-client-{VERSION}"),
+    ])
+    .context("postgres 15 is not installed and installing it failed")
 }
 
 pub fn up() -> anyhow::Result<Up> {
@@ -137,7 +171,10 @@ pub fn up() -> anyhow::Result<Up> {
 
     let mut started = false;
     if !cluster.online {
-        println!("xtask: starting postgres {}/{}", cluster.version, cluster.name);
+        println!(
+            "xtask: starting postgres {}/{}",
+            cluster.version, cluster.name
+        );
         run_captured(&mut cluster.ctl("start")).context(
             "pg_ctlcluster could not start the cluster; is the port in use? see /var/log/postgresql/",
         )?;
@@ -153,15 +190,19 @@ pub fn up() -> anyhow::Result<Up> {
         restart = true;
     }
     let preload = cluster.psql("postgres", "SHOW shared_preload_libraries")?;
-    let stat_statements =
-        PathBuf::from(format!("/usr/lib/postgresql/{VERSION}/lib/pg_stat_statements.so"));
+    let stat_statements = PathBuf::from(format!(
+        "/usr/lib/postgresql/{VERSION}/lib/pg_stat_statements.so"
+    ));
     if stat_statements.is_file() && !preload.split(',').any(|l| l.trim() == "pg_stat_statements") {
         let list = if preload.trim().is_empty() {
             "pg_stat_statements".to_owned()
         } else {
             format!("{preload},pg_stat_statements")
         };
-        cluster.psql("postgres", &format!("ALTER SYSTEM SET shared_preload_libraries = '{list}'"))?;
+        cluster.psql(
+            "postgres",
+            &format!("ALTER SYSTEM SET shared_preload_libraries = '{list}'"),
+        )?;
         restart = true;
     }
     if restart {
@@ -173,29 +214,18 @@ pub fn up() -> anyhow::Result<Up> {
         }
     }
 
+    cluster.ensure_role_and_database(DATABASE)?;
     cluster.psql(
-        "postgres",
-        &format!(
-            "DO $$ BEGIN
-               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') THEN
-                 CREATE ROLE {ROLE} LOGIN REPLICATION PASSWORD '{PASSWORD}';
-               END IF;
-             END $$"
-        ),
+        DATABASE,
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
     )?;
-    let exists = cluster.psql(
-        "postgres",
-        &format!("SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"),
-    )?;
-    if exists.is_empty() {
-        cluster.psql("postgres", &format!("CREATE DATABASE {DATABASE} OWNER {ROLE}"))?;
-    }
-    cluster.psql(DATABASE, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")?;
 
     // Remember the postmaster we are responsible for, so `down` stops that process
     // and nothing else. A second `up` keeps the first one's record.
     if started || (restart && marker().exists()) {
-        let pid = cluster.postmaster_pid().context("no postmaster.pid after start")?;
+        let pid = cluster
+            .postmaster_pid()
+            .context("no postmaster.pid after start")?;
         std::fs::write(marker(), pid.to_string())?;
     }
 
@@ -244,7 +274,11 @@ pub fn status() -> anyhow::Result<()> {
             c.name,
             c.port,
             c.postmaster_pid().map_or("?".into(), |p| p.to_string()),
-            if ours.is_some() { "started by xtask" } else { "not started by xtask" }
+            if ours.is_some() {
+                "started by xtask"
+            } else {
+                "not started by xtask"
+            }
         ),
         Some(c) => println!("postgres:   {}/{} down", c.version, c.name),
         None => println!("postgres:   no {VERSION} cluster"),

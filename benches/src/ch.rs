@@ -1,0 +1,149 @@
+//! ClickHouse for the scenarios: a database of the run's own (dropped at the end, also when the
+//! scenario fails), raw statements, and what a tagged query cost the server according to
+//! `system.query_log` (`ProfileEvents` user + system CPU, `read_bytes`).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clickhouse::Client;
+
+/// A database used by one run, dropped when this guard is dropped.
+#[derive(Debug)]
+pub struct ChDb {
+    pub url: String,
+    pub database: String,
+}
+
+impl ChDb {
+    /// A fresh database name (`<prefix>_<random>`) on the server at `url`; not created yet.
+    pub fn new(url: &str, prefix: &str) -> Self {
+        ChDb {
+            url: url.to_owned(),
+            database: sheaf_testenv::unique_name(prefix),
+        }
+    }
+
+    /// A client whose default database is this one.
+    pub fn client(&self) -> Client {
+        Client::default()
+            .with_url(self.url.as_str())
+            .with_database(self.database.as_str())
+    }
+
+    /// Sheaf's store configuration for this database.
+    pub fn config(&self) -> sheaf_clickhouse::ClickHouseConfig {
+        sheaf_clickhouse::ClickHouseConfig::new(self.url.as_str(), self.database.as_str())
+    }
+
+    /// Runs one statement with extra settings.
+    pub async fn execute_with(&self, sql: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
+        let mut client = self.client();
+        for (name, value) in settings {
+            client = client.with_setting(*name, *value);
+        }
+        client
+            .query_raw(sql)
+            .execute()
+            .await
+            .with_context(|| format!("clickhouse: {}", first_line(sql)))
+    }
+
+    /// Runs one statement.
+    pub async fn execute(&self, sql: &str) -> anyhow::Result<()> {
+        self.execute_with(sql, &[]).await
+    }
+}
+
+impl Drop for ChDb {
+    fn drop(&mut self) {
+        // Drop may run inside the scenario's runtime, which cannot be blocked on: a thread with
+        // a runtime of its own does the cleanup.
+        let (url, database) = (self.url.clone(), self.database.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let drop = Client::default()
+                    .with_url(url)
+                    .query_raw(&format!("DROP DATABASE IF EXISTS {database} SYNC"))
+                    .execute();
+                tokio::time::timeout(Duration::from_secs(120), drop)
+                    .await
+                    .ok()?
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!(
+                "sheaf-bench: could not drop clickhouse database {}",
+                self.database
+            );
+        }
+    }
+}
+
+fn first_line(sql: &str) -> String {
+    let line = sql.trim().lines().next().unwrap_or_default();
+    line.chars().take(120).collect()
+}
+
+/// One finished query's cost, from `system.query_log`.
+#[derive(Debug, Clone, clickhouse::Row, serde::Deserialize, serde::Serialize)]
+pub struct QueryCost {
+    pub read_bytes: u64,
+    pub read_rows: u64,
+    /// `ProfileEvents` user plus system CPU time, in microseconds.
+    pub cpu_micros: u64,
+    pub result_rows: u64,
+    pub duration_ms: u64,
+    /// Unix time in microseconds at which the query started.
+    pub start_micros: i64,
+}
+
+/// Flushes the server's log buffers so `system.query_log` and `system.part_log` are complete.
+pub async fn flush_logs(client: &Client) -> anyhow::Result<()> {
+    client
+        .query_raw("SYSTEM FLUSH LOGS")
+        .execute()
+        .await
+        .context("SYSTEM FLUSH LOGS")
+}
+
+/// The finished queries tagged with `log_comment` (of `kind`, `Select` or `Insert`), in the order
+/// they started, once at least `expected` are logged (or after ~10 s, with what there is: the
+/// server logs a query after answering it, so the last ones may lag behind a flush).
+pub async fn query_costs(
+    client: &Client,
+    log_comment: &str,
+    kind: &str,
+    expected: usize,
+) -> anyhow::Result<Vec<QueryCost>> {
+    let mut costs = Vec::new();
+    for _ in 0..50 {
+        flush_logs(client).await?;
+        costs = client
+            .query(
+                "SELECT read_bytes, read_rows, \
+                    ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'] AS cpu_micros, \
+                    result_rows, query_duration_ms AS duration_ms, \
+                    toUnixTimestamp64Micro(query_start_time_microseconds) AS start_micros \
+                 FROM system.query_log \
+                 WHERE type = 'QueryFinish' AND interface = 'HTTP' AND log_comment = ? \
+                    AND query_kind = ? AND event_date >= yesterday() \
+                 ORDER BY query_start_time_microseconds",
+            )
+            .bind(log_comment)
+            .bind(kind)
+            .fetch_all()
+            .await
+            .context("read system.query_log")?;
+        if costs.len() >= expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(costs)
+}

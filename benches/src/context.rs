@@ -1,0 +1,84 @@
+//! What every scenario is given: the size to run at, where results go, and where the servers are.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+/// The variable naming the `sheaf` binary the service scenarios spawn (`cargo xtask bench` builds
+/// it and sets this).
+pub const SHEAF_BIN_VAR: &str = "SHEAF_BENCH_SHEAF_BIN";
+
+/// One run's settings.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// Small sizes that finish in seconds: proves a scenario still works, measures nothing.
+    pub quick: bool,
+    /// Where `<scenario>.json` and `<scenario>.svg` go.
+    pub out_dir: PathBuf,
+    postgres_url: Option<String>,
+    clickhouse_url: Option<String>,
+    sheaf_bin: Option<PathBuf>,
+}
+
+impl Ctx {
+    /// Reads the servers' URLs from the variables `cargo xtask services up` writes.
+    pub fn from_env(quick: bool, out: Option<String>) -> anyhow::Result<Self> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let out_dir = match out {
+            Some(dir) => PathBuf::from(dir),
+            // benches/ sits one level below the workspace root.
+            None => Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .context("benches/ has a parent")?
+                .join("target")
+                .join("bench"),
+        };
+        Ok(Ctx {
+            quick,
+            out_dir,
+            postgres_url: var(sheaf_testenv::POSTGRES_URL_VAR),
+            clickhouse_url: var(sheaf_testenv::CLICKHOUSE_URL_VAR),
+            sheaf_bin: var(SHEAF_BIN_VAR).map(PathBuf::from),
+        })
+    }
+
+    /// The Postgres URL, or an error that says how to get one.
+    pub fn postgres(&self) -> anyhow::Result<&str> {
+        self.postgres_url.as_deref().with_context(|| {
+            format!(
+                "{} is not set: run through `cargo xtask bench`, which starts the servers",
+                sheaf_testenv::POSTGRES_URL_VAR
+            )
+        })
+    }
+
+    /// The ClickHouse HTTP URL, or an error that says how to get one.
+    pub fn clickhouse(&self) -> anyhow::Result<&str> {
+        self.clickhouse_url.as_deref().with_context(|| {
+            format!(
+                "{} is not set: run through `cargo xtask bench`, which starts the servers",
+                sheaf_testenv::CLICKHOUSE_URL_VAR
+            )
+        })
+    }
+
+    /// The `sheaf` binary, or an error that says how to get one.
+    pub fn sheaf_bin(&self) -> anyhow::Result<&Path> {
+        let bin = self.sheaf_bin.as_deref().with_context(|| {
+            format!(
+                "{SHEAF_BIN_VAR} is not set: run through `cargo xtask bench`, which builds `sheaf`"
+            )
+        })?;
+        anyhow::ensure!(
+            bin.is_file(),
+            "{SHEAF_BIN_VAR}={} is not a file",
+            bin.display()
+        );
+        Ok(bin)
+    }
+
+    /// `full` at full size, `quick` under `--quick`.
+    pub fn size<T>(&self, full: T, quick: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}

@@ -1,0 +1,117 @@
+//! Publishing load for the service scenarios: a given number of events, either as fast as a fixed
+//! number of concurrent publishers can (saturation) or at a fixed rate (steady), each publish's
+//! start time recorded on the bench's clock for publish-to-delivery latency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use crate::progress::Progress;
+use crate::sheaf::Publisher;
+
+/// What a load run sent.
+#[derive(Debug)]
+pub struct Sent {
+    /// Publish start per event, in microseconds after the base (index = seq - first seq).
+    pub started_micros: Vec<u64>,
+    /// Publishes answered with something other than 202.
+    pub refused: u64,
+    /// Publishes that failed on the network.
+    pub errors: u64,
+    /// From the first publish to the last answer.
+    pub elapsed: Duration,
+}
+
+/// How to pace the publishes.
+#[derive(Debug, Clone, Copy)]
+pub enum Pace {
+    /// As fast as this many publishers in flight allow.
+    Saturate(usize),
+    /// This many events per second (at most 512 publishes in flight).
+    Rate(f64),
+}
+
+/// Publishes events `first_seq..first_seq + count` with a payload `pad` of ~`pad.len()` bytes.
+pub async fn publish(
+    publisher: &Publisher,
+    base: Instant,
+    first_seq: u64,
+    count: usize,
+    pace: Pace,
+    pad: Arc<String>,
+    progress: &Arc<Progress>,
+) -> Sent {
+    let in_flight = match pace {
+        Pace::Saturate(n) => n,
+        Pace::Rate(_) => 512,
+    };
+    let permits = Arc::new(Semaphore::new(in_flight));
+    let started: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let refused = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut tasks = Vec::with_capacity(count);
+    for i in 0..count {
+        if let Pace::Rate(rate) = pace {
+            let due = t0 + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            break;
+        };
+        let (publisher, pad, started, refused, errors, progress) = (
+            publisher.clone(),
+            Arc::clone(&pad),
+            Arc::clone(&started),
+            Arc::clone(&refused),
+            Arc::clone(&errors),
+            Arc::clone(progress),
+        );
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            started[i].store(
+                Instant::now().duration_since(base).as_micros() as u64,
+                Ordering::Relaxed,
+            );
+            match publisher.publish(first_seq + i as u64, &pad).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            progress.inc(1);
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    Sent {
+        started_micros: started.iter().map(|a| a.load(Ordering::Relaxed)).collect(),
+        refused: refused.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        elapsed: t0.elapsed(),
+    }
+}
+
+/// Publish-to-delivery latencies in milliseconds of the events of `sent` that were delivered,
+/// and the time of the last delivery in microseconds after the base.
+pub fn latencies(
+    sent: &Sent,
+    first_seq: u64,
+    delivered: &std::collections::HashMap<u64, u64>,
+) -> (Vec<f64>, u64) {
+    let mut out = Vec::with_capacity(sent.started_micros.len());
+    let mut last = 0;
+    for (i, start) in sent.started_micros.iter().enumerate() {
+        if let Some(at) = delivered.get(&(first_seq + i as u64)) {
+            out.push(at.saturating_sub(*start) as f64 / 1000.0);
+            last = last.max(*at);
+        }
+    }
+    (out, last)
+}

@@ -1,0 +1,328 @@
+//! `burst`: seed 000's experiment scaled to this machine, through a real `sheaf serve` process on
+//! ClickHouse (log) and Postgres (queue, tenants).
+//!
+//! Events are published at a steady rate for 60 s (full size) to one webhook that answers 503
+//! for the first 20 s and 200 after, with a retry schedule of 1 s, 5 s, 15 s, 30 s (the seed's
+//! climb, compressed so every retry lands within the run). The run is repeated with a fresh
+//! process, schema and database for each retry-lookup setting: coalescing off
+//! (`SHEAF_RETRY_LOOKUP_BATCH_SIZE=0`, one query per retry), a fixed batch of 50 with a 50 ms wait
+//! (the seed's setting), and adaptive (batch of 50, no wait while no lookup is in flight).
+//!
+//! Lookup queries, keys and retries come from the process's `/metrics`; ClickHouse CPU is the
+//! `ProfileEvents` user + system time of every query the process sent (its own database in
+//! `system.query_log`), per second of the run: the mean and the busiest second. Background
+//! merges are not queries and are not in it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::ch::{self, ChDb};
+use crate::context::Ctx;
+use crate::load::{self, Pace};
+use crate::pg::PgSchema;
+use crate::plot::{Figure, Panel};
+use crate::progress::Progress;
+use crate::receiver::Receiver;
+use crate::report::{self, PeakRss, Report, Table};
+use crate::sheaf::{SheafProcess, metric};
+
+const QUESTION: &str = "When a webhook fails for the first 20 s of a 60 s publishing run, how many \
+    latest-attempt queries do the retries cost ClickHouse, and how much CPU, with lookup \
+    coalescing off, fixed (50 keys / 50 ms) and adaptive?";
+
+const PAD_BYTES: usize = 1_000;
+const SCHEDULE: &str = "1s,5s,15s,30s";
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Sizes {
+    rate: f64,
+    seconds: f64,
+    failing_seconds: f64,
+    drain_limit_s: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Variant {
+    Off,
+    Fixed,
+    Adaptive,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Off => "batching off",
+            Variant::Fixed => "batch 50, wait 50 ms",
+            Variant::Adaptive => "adaptive, batch 50",
+        }
+    }
+
+    fn env(self) -> Vec<(&'static str, String)> {
+        match self {
+            Variant::Off => vec![("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "0".to_owned())],
+            Variant::Fixed => vec![
+                ("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "50".to_owned()),
+                ("SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS", "50".to_owned()),
+                ("SHEAF_RETRY_LOOKUP_ADAPTIVE", "false".to_owned()),
+            ],
+            Variant::Adaptive => vec![
+                ("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "50".to_owned()),
+                ("SHEAF_RETRY_LOOKUP_ADAPTIVE", "true".to_owned()),
+            ],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Measured {
+    variant: Variant,
+    published: usize,
+    delivered: usize,
+    webhook_requests: u64,
+    webhook_503s: u64,
+    retries: f64,
+    lookup_keys: f64,
+    lookup_queries: f64,
+    lookup_batch_queries: f64,
+    /// ClickHouse queries of the process that read `attempts` (the lookups), from query_log.
+    lookup_queries_logged: u64,
+    lookup_cpu_s: f64,
+    total_cpu_s: f64,
+    mean_cpu_percent: f64,
+    peak_cpu_percent: f64,
+    /// (second of the run, CPU % of ClickHouse spent on this process's queries).
+    cpu_series: Vec<(f64, f64)>,
+    run_seconds: f64,
+    peak_rss_mib: f64,
+}
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let sizes = Sizes {
+        rate: ctx.size(100.0, 20.0),
+        seconds: ctx.size(60.0, 5.0),
+        failing_seconds: ctx.size(20.0, 2.0),
+        drain_limit_s: ctx.size(120, 60),
+    };
+    let bin = ctx.sheaf_bin()?.to_path_buf();
+    let mut measured = Vec::new();
+    for variant in [Variant::Off, Variant::Fixed, Variant::Adaptive] {
+        let m = run_variant(ctx, &bin, &sizes, variant)
+            .await
+            .with_context(|| variant.label())?;
+        measured.push(m);
+    }
+    Ok(build_report(ctx, &sizes, measured))
+}
+
+#[derive(clickhouse::Row, serde::Deserialize)]
+struct CpuSecond {
+    second: u32,
+    cpu_micros: u64,
+    lookup_micros: u64,
+    lookups: u64,
+}
+
+async fn run_variant(
+    ctx: &Ctx,
+    bin: &std::path::Path,
+    sizes: &Sizes,
+    variant: Variant,
+) -> anyhow::Result<Measured> {
+    let base = Instant::now();
+    let receiver = Receiver::start(base).await?;
+    let schema = PgSchema::new(ctx.postgres()?, "bench_burst");
+    let db = ChDb::new(ctx.clickhouse()?, "bench_burst");
+    let mut env = vec![
+        ("SHEAF_LOG_STORE", "clickhouse".to_owned()),
+        ("SHEAF_QUEUE", "postgres".to_owned()),
+        ("SHEAF_POSTGRES_URL", schema.url.clone()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()),
+        ("SHEAF_CLICKHOUSE_URL", db.url.clone()),
+        ("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()),
+        ("SHEAF_RETRY_SCHEDULE", SCHEDULE.to_owned()),
+    ];
+    env.extend(variant.env());
+    let log = ctx
+        .out_dir
+        .join("logs")
+        .join(format!("burst-{variant:?}.log").to_lowercase());
+    let sheaf = SheafProcess::start(bin, &env, &log).await?;
+    sheaf.add_destination("bench", &receiver.url()).await?;
+    let publisher = sheaf.publisher("bench");
+    let pad = Arc::new("x".repeat(PAD_BYTES));
+
+    let count = (sizes.rate * sizes.seconds) as usize;
+    let progress = Arc::new(Progress::new(
+        format!("burst: {}", variant.label()),
+        count as u64,
+    ));
+    let run_start_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    receiver.fail_until(Instant::now() + Duration::from_secs_f64(sizes.failing_seconds));
+    let started = Instant::now();
+    let sent = load::publish(
+        &publisher,
+        base,
+        0,
+        count,
+        Pace::Rate(sizes.rate),
+        pad,
+        &progress,
+    )
+    .await;
+    progress.finish();
+    let accepted = count - (sent.refused + sent.errors) as usize;
+    receiver
+        .wait_for(accepted, Duration::from_secs(sizes.drain_limit_s))
+        .await;
+    let run_seconds = started.elapsed().as_secs_f64();
+    let page = sheaf.metrics().await?;
+    let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    sheaf.stop().await?;
+    let (webhook_requests, webhook_503s) = receiver.requests();
+
+    // Every query this process sent to ClickHouse ran in its own database.
+    let client = db.client();
+    ch::flush_logs(&client).await?;
+    let seconds: Vec<CpuSecond> = client
+        .query(
+            "SELECT toUInt32(toUnixTimestamp(event_time) - ?) AS second, \
+                toUInt64(sum(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'])) AS cpu_micros, \
+                toUInt64(sumIf(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'], \
+                    query_kind = 'Select' AND has(tables, ?))) AS lookup_micros, \
+                countIf(query_kind = 'Select' AND has(tables, ?)) AS lookups \
+             FROM system.query_log \
+             WHERE type = 'QueryFinish' AND current_database = ? AND event_date >= yesterday() \
+                AND event_time >= toDateTime(?) \
+             GROUP BY second ORDER BY second",
+        )
+        .bind(run_start_unix)
+        .bind(format!("{}.attempts", db.database))
+        .bind(format!("{}.attempts", db.database))
+        .bind(db.database.as_str())
+        .bind(run_start_unix)
+        .fetch_all()
+        .await
+        .context("read system.query_log")?;
+    let span = run_seconds.ceil().max(1.0) as usize;
+    let mut series = vec![0.0; span];
+    let (mut total, mut lookup_cpu, mut lookups) = (0u64, 0u64, 0u64);
+    for s in &seconds {
+        total += s.cpu_micros;
+        lookup_cpu += s.lookup_micros;
+        lookups += s.lookups;
+        if let Some(slot) = series.get_mut(s.second as usize) {
+            *slot += s.cpu_micros as f64 / 1e6 * 100.0;
+        }
+    }
+    let peak = series.iter().copied().fold(0.0, f64::max);
+    drop((schema, db));
+    Ok(Measured {
+        variant,
+        published: accepted,
+        delivered: receiver.delivered(),
+        webhook_requests,
+        webhook_503s,
+        retries: metric(&page, "sheaf_retries_total", ""),
+        lookup_keys: metric(&page, "sheaf_retry_lookup_keys_total", ""),
+        lookup_queries: metric(&page, "sheaf_retry_lookup_queries_total", ""),
+        lookup_batch_queries: metric(&page, "sheaf_retry_lookup_batch_queries_total", ""),
+        lookup_queries_logged: lookups,
+        lookup_cpu_s: lookup_cpu as f64 / 1e6,
+        total_cpu_s: total as f64 / 1e6,
+        mean_cpu_percent: total as f64 / 1e6 / run_seconds * 100.0,
+        peak_cpu_percent: peak,
+        cpu_series: series
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as f64, *v))
+            .collect(),
+        run_seconds,
+        peak_rss_mib,
+    })
+}
+
+fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
+    let mut report = Report::new("burst", QUESTION, ctx);
+    let off_queries = measured
+        .iter()
+        .find(|m| m.variant == Variant::Off)
+        .map_or(f64::NAN, |m| m.lookup_queries);
+    let mut table = Table::new(
+        format!(
+            "{} events/s for {:.0} s (~1 KB payloads), webhook failing for the first {:.0} s, \
+             retries after {SCHEDULE}; ClickHouse log, Postgres queue",
+            report::count(sizes.rate),
+            sizes.seconds,
+            sizes.failing_seconds
+        ),
+        &[
+            "retry lookups",
+            "lookup queries",
+            "retries looked up",
+            "retries per query",
+            "queries vs off",
+            "lookup CPU (ClickHouse)",
+            "ClickHouse CPU, mean",
+            "ClickHouse CPU, busiest second",
+            "delivered / published",
+            "peak RSS (sheaf)",
+        ],
+    );
+    for m in &measured {
+        table.row(vec![
+            m.variant.label().to_owned(),
+            report::count(m.lookup_queries),
+            report::count(m.lookup_keys),
+            format!("{:.1}", m.lookup_keys / m.lookup_queries.max(1.0)),
+            report::ratio(m.lookup_queries / off_queries),
+            format!("{:.2} s", m.lookup_cpu_s),
+            format!("{:.0} %", m.mean_cpu_percent),
+            format!("{:.0} %", m.peak_cpu_percent),
+            format!(
+                "{} / {}",
+                report::count(m.delivered as f64),
+                report::count(m.published as f64)
+            ),
+            format!("{:.1} MiB", m.peak_rss_mib),
+        ]);
+        report.memory.push(PeakRss::new(
+            format!("sheaf serve ({})", m.variant.label()),
+            Some((m.peak_rss_mib * 1024.0) as u64),
+        ));
+    }
+    report.tables.push(table);
+    report.note(
+        "Lookup queries and keys are the process's sheaf_retry_lookup_queries_total and \
+         sheaf_retry_lookup_keys_total; ClickHouse CPU is ProfileEvents user + system time of \
+         the queries in the run's database (system.query_log), per second of the run (100 % = \
+         one core), merges excluded; lookup CPU is the part spent in SELECTs reading attempts.",
+    );
+    report.note(
+        "Everything (publisher, receiver, sheaf, Postgres, ClickHouse) shares 2 cores, so the \
+         rate is a third of the seed's 300 events/s on three 2-CPU instances and a 3-vCPU server.",
+    );
+    report.figure = Some(
+        Figure::new("burst: ClickHouse CPU spent on the sheaf process's queries").panel(
+            Panel::Lines {
+                title: format!(
+                    "CPU per second of the run (webhook failing for the first {:.0} s)",
+                    sizes.failing_seconds
+                ),
+                x_label: "second of the run".to_owned(),
+                y_label: "% of one core".to_owned(),
+                log_y: false,
+                series: measured
+                    .iter()
+                    .map(|m| (m.variant.label().to_owned(), m.cpu_series.clone()))
+                    .collect(),
+            },
+        ),
+    );
+    report.raw = serde_json::json!({ "sizes": sizes, "schedule": SCHEDULE, "variants": measured });
+    report
+}

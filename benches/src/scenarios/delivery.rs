@@ -1,0 +1,402 @@
+//! `delivery`: events per second from publish to a 2xx at a local receiver, and publish-to-
+//! delivery latency, through a real `sheaf serve` process on the memory backends and on Postgres
+//! (queue, tenants) + ClickHouse (log).
+//!
+//! Per backend, after a warm-up: a **saturation** phase publishes a fixed number of events from
+//! 32 concurrent publishers and measures from the first publish to the last delivery; a **steady**
+//! phase publishes at 2,000 events/s (full size) and measures latency and the process's peak RSS,
+//! the issue's memory target for Postgres + ClickHouse. On the memory backend the growth of the
+//! resident set over the saturation phase, divided by its events (all retained: fewer than the
+//! 25,000-event retention), less the payload, is the overhead per retained event.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::ch::ChDb;
+use crate::context::Ctx;
+use crate::load::{self, Pace};
+use crate::pg::PgSchema;
+use crate::plot::{Bar, Figure, Panel};
+use crate::progress::Progress;
+use crate::receiver::Receiver;
+use crate::report::{self, PeakRss, Report, Table};
+use crate::sheaf::SheafProcess;
+
+const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
+    to a 2xx at a local receiver, with what latency and memory, on the memory backends and on \
+    Postgres + ClickHouse?";
+
+/// The bytes of each event's `pad` (the payload is `{"seq": n, "pad": "…"}`).
+const PAD_BYTES: usize = 1_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Backend {
+    Memory,
+    PostgresClickHouse,
+}
+
+impl Backend {
+    fn label(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::PostgresClickHouse => "Postgres + ClickHouse",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Sizes {
+    warmup: usize,
+    saturation_events: usize,
+    publishers: usize,
+    steady_rate: f64,
+    steady_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Phase {
+    published: usize,
+    refused: u64,
+    errors: u64,
+    delivered: usize,
+    /// Delivered events ÷ (last delivery − first publish).
+    events_per_s: f64,
+    /// Publishes per second the load achieved.
+    publish_rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Measured {
+    backend: Backend,
+    saturation: Phase,
+    steady: Phase,
+    rss_before_kib: u64,
+    rss_after_saturation_kib: u64,
+    /// Memory backend: (RSS growth ÷ events) − payload JSON bytes.
+    overhead_per_event_bytes: Option<f64>,
+    peak_rss_mib: f64,
+}
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let sizes = Sizes {
+        warmup: ctx.size(500, 50),
+        saturation_events: ctx.size(20_000, 300),
+        publishers: 32,
+        steady_rate: ctx.size(2_000.0, 100.0),
+        steady_seconds: ctx.size(30.0, 2.0),
+    };
+    let bin = ctx.sheaf_bin()?.to_path_buf();
+    let mut measured = Vec::new();
+    for backend in [Backend::Memory, Backend::PostgresClickHouse] {
+        let m = run_backend(ctx, &bin, &sizes, backend)
+            .await
+            .with_context(|| backend.label())?;
+        measured.push(m);
+    }
+    Ok(build_report(ctx, &sizes, measured))
+}
+
+async fn run_backend(
+    ctx: &Ctx,
+    bin: &std::path::Path,
+    sizes: &Sizes,
+    backend: Backend,
+) -> anyhow::Result<Measured> {
+    let base = Instant::now();
+    let receiver = Receiver::start(base).await?;
+    let mut env = Vec::new();
+    let mut guards = (None, None);
+    if backend == Backend::PostgresClickHouse {
+        let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
+        let db = ChDb::new(ctx.clickhouse()?, "bench_delivery");
+        env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
+        env.push(("SHEAF_QUEUE", "postgres".to_owned()));
+        env.push(("SHEAF_POSTGRES_URL", schema.url.clone()));
+        env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
+        env.push(("SHEAF_CLICKHOUSE_URL", db.url.clone()));
+        env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
+        guards = (Some(schema), Some(db));
+    }
+    let log = ctx
+        .out_dir
+        .join("logs")
+        .join(format!("delivery-{backend:?}.log").to_lowercase());
+    let sheaf = SheafProcess::start(bin, &env, &log).await?;
+    sheaf.add_destination("bench", &receiver.url()).await?;
+    let publisher = sheaf.publisher("bench");
+    let pad = Arc::new("x".repeat(PAD_BYTES));
+    let payload_bytes =
+        serde_json::to_vec(&serde_json::json!({ "seq": 12345, "pad": *pad }))?.len();
+
+    let total = sizes.warmup
+        + sizes.saturation_events
+        + (sizes.steady_rate * sizes.steady_seconds) as usize;
+    let progress = Arc::new(Progress::new(
+        format!("delivery: {}", backend.label()),
+        total as u64,
+    ));
+    // Warm-up: connections, caches, first parts; not measured.
+    let warm = load::publish(
+        &publisher,
+        base,
+        0,
+        sizes.warmup,
+        Pace::Saturate(8),
+        Arc::clone(&pad),
+        &progress,
+    )
+    .await;
+    let warm_ok = sizes.warmup - (warm.refused + warm.errors) as usize;
+    receiver.wait_for(warm_ok, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_before_kib = sheaf.rss_kib().unwrap_or(0);
+
+    let first = 1_000_000;
+    receiver.reset();
+    let sat = load::publish(
+        &publisher,
+        base,
+        first,
+        sizes.saturation_events,
+        Pace::Saturate(sizes.publishers),
+        Arc::clone(&pad),
+        &progress,
+    )
+    .await;
+    let accepted = sizes.saturation_events - (sat.refused + sat.errors) as usize;
+    receiver.wait_for(accepted, Duration::from_secs(300)).await;
+    let saturation = phase(&sat, first, &receiver);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after_saturation_kib = sheaf.rss_kib().unwrap_or(0);
+
+    let first = 2_000_000;
+    receiver.reset();
+    let steady_count = (sizes.steady_rate * sizes.steady_seconds) as usize;
+    let steady_sent = load::publish(
+        &publisher,
+        base,
+        first,
+        steady_count,
+        Pace::Rate(sizes.steady_rate),
+        Arc::clone(&pad),
+        &progress,
+    )
+    .await;
+    let accepted = steady_count - (steady_sent.refused + steady_sent.errors) as usize;
+    receiver.wait_for(accepted, Duration::from_secs(300)).await;
+    let steady = phase(&steady_sent, first, &receiver);
+    progress.finish();
+    let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    sheaf.stop().await?;
+    drop(guards);
+
+    let overhead_per_event_bytes = (backend == Backend::Memory).then(|| {
+        let growth = rss_after_saturation_kib.saturating_sub(rss_before_kib) as f64 * 1024.0;
+        growth / saturation.delivered.max(1) as f64 - payload_bytes as f64
+    });
+    Ok(Measured {
+        backend,
+        saturation,
+        steady,
+        rss_before_kib,
+        rss_after_saturation_kib,
+        overhead_per_event_bytes,
+        peak_rss_mib,
+    })
+}
+
+fn phase(sent: &load::Sent, first: u64, receiver: &Receiver) -> Phase {
+    let delivered_at = receiver.delivered_at();
+    let (lat, last) = load::latencies(sent, first, &delivered_at);
+    let start = sent.started_micros.iter().copied().min().unwrap_or(0);
+    let span = last.saturating_sub(start) as f64 / 1e6;
+    Phase {
+        published: sent.started_micros.len(),
+        refused: sent.refused,
+        errors: sent.errors,
+        delivered: lat.len(),
+        events_per_s: if span > 0.0 {
+            lat.len() as f64 / span
+        } else {
+            0.0
+        },
+        publish_rate: sent.started_micros.len() as f64 / sent.elapsed.as_secs_f64().max(1e-9),
+        p50_ms: report::percentile(lat.clone(), 50.0),
+        p99_ms: report::percentile(lat.clone(), 99.0),
+        max_ms: report::percentile(lat, 100.0),
+    }
+}
+
+fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
+    let mut report = Report::new("delivery", QUESTION, ctx);
+    let mut table = Table::new(
+        format!(
+            "One `sheaf serve`, one webhook destination on loopback, ~1 KB payloads; saturation: \
+             {} events from {} publishers; steady: {} events/s for {:.0} s",
+            report::count(sizes.saturation_events as f64),
+            sizes.publishers,
+            report::count(sizes.steady_rate),
+            sizes.steady_seconds
+        ),
+        &[
+            "backend",
+            "phase",
+            "delivered / published",
+            "events/s publish→2xx",
+            "p50 latency",
+            "p99 latency",
+            "max latency",
+            "events/s vs memory",
+            "peak RSS (sheaf)",
+        ],
+    );
+    let memory = measured.iter().find(|m| m.backend == Backend::Memory);
+    for m in &measured {
+        for (name, p) in [("saturation", &m.saturation), ("steady", &m.steady)] {
+            let base = memory.map_or(f64::NAN, |b| {
+                if name == "steady" {
+                    b.steady.events_per_s
+                } else {
+                    b.saturation.events_per_s
+                }
+            });
+            table.row(vec![
+                m.backend.label().to_owned(),
+                if name == "steady" {
+                    format!("steady ({} /s offered)", report::count(p.publish_rate))
+                } else {
+                    name.to_owned()
+                },
+                format!(
+                    "{} / {}",
+                    report::count(p.delivered as f64),
+                    report::count(p.published as f64)
+                ),
+                report::count(p.events_per_s),
+                report::millis(p.p50_ms),
+                report::millis(p.p99_ms),
+                report::millis(p.max_ms),
+                report::ratio(p.events_per_s / base),
+                format!("{:.1} MiB", m.peak_rss_mib),
+            ]);
+        }
+    }
+    report.tables.push(table);
+    for m in &measured {
+        report.memory.push(PeakRss::new(
+            format!("sheaf serve ({})", m.backend.label()),
+            Some((m.peak_rss_mib * 1024.0) as u64),
+        ));
+    }
+    if let Some(m) = measured
+        .iter()
+        .find(|m| m.backend == Backend::PostgresClickHouse)
+    {
+        let steady_ok = m.steady.publish_rate >= sizes.steady_rate * 0.95
+            && m.steady.delivered as f64 >= m.steady.published as f64 * 0.99;
+        report.target(
+            "`sheaf` on Postgres + ClickHouse, peak RSS at a steady 2,000 events/s",
+            "under 150 MB",
+            format!(
+                "{:.1} MiB peak; {} events/s offered, {} of {} delivered",
+                m.peak_rss_mib,
+                report::count(m.steady.publish_rate),
+                report::count(m.steady.delivered as f64),
+                report::count(m.steady.published as f64)
+            ),
+            m.peak_rss_mib * 1.048_576 < 150.0 && steady_ok,
+        );
+    }
+    if let Some(m) = measured.iter().find(|m| m.backend == Backend::Memory)
+        && let Some(overhead) = m.overhead_per_event_bytes
+    {
+        report.target(
+            "`sheaf` on the memory backend, overhead per retained event beyond its payload",
+            "under 1 KB",
+            format!(
+                "{:.0} B (RSS {:.1} → {:.1} MiB over {} retained events of ~{} B payload)",
+                overhead,
+                m.rss_before_kib as f64 / 1024.0,
+                m.rss_after_saturation_kib as f64 / 1024.0,
+                report::count(m.saturation.delivered as f64),
+                PAD_BYTES + 20
+            ),
+            overhead < 1000.0,
+        );
+    }
+    report.note(
+        "Latency is from the start of the publish request to the receiver's first 2xx for that \
+         event, both on the bench process's clock; events/s is delivered events ÷ (last delivery − \
+         first publish). Publishers, receiver, sheaf and both databases share the 2 cores.",
+    );
+    report.note(
+        "The per-event memory overhead is VmRSS growth of the sheaf process over the saturation \
+         phase ÷ events delivered − the payload's JSON size; it includes the allocator's slack, \
+         the attempt and the queue's job row of each event, and the fresh-event cache.",
+    );
+    report.figure = Some(
+        Figure::new("delivery: publish to 2xx through one sheaf process")
+            .panel(Panel::Bars {
+                title: "events per second, publish → 2xx".to_owned(),
+                unit: "events/s".to_owned(),
+                log: false,
+                bars: measured
+                    .iter()
+                    .flat_map(|m| {
+                        [
+                            Bar::new(
+                                format!("{} saturation", m.backend.label()),
+                                m.saturation.events_per_s,
+                                m.backend as usize,
+                            ),
+                            Bar::new(
+                                format!("{} steady", m.backend.label()),
+                                m.steady.events_per_s,
+                                m.backend as usize,
+                            ),
+                        ]
+                    })
+                    .collect(),
+            })
+            .panel(Panel::Bars {
+                title: "publish-to-delivery latency (p50 and p99)".to_owned(),
+                unit: "ms".to_owned(),
+                log: true,
+                bars: measured
+                    .iter()
+                    .flat_map(|m| {
+                        [
+                            Bar::new(
+                                format!("{} saturation p50", m.backend.label()),
+                                m.saturation.p50_ms,
+                                m.backend as usize,
+                            ),
+                            Bar::new(
+                                format!("{} saturation p99", m.backend.label()),
+                                m.saturation.p99_ms,
+                                m.backend as usize,
+                            ),
+                            Bar::new(
+                                format!("{} steady p50", m.backend.label()),
+                                m.steady.p50_ms,
+                                m.backend as usize,
+                            ),
+                            Bar::new(
+                                format!("{} steady p99", m.backend.label()),
+                                m.steady.p99_ms,
+                                m.backend as usize,
+                            ),
+                        ]
+                    })
+                    .collect(),
+            }),
+    );
+    report.raw = serde_json::json!({ "sizes": sizes, "backends": measured });
+    report
+}

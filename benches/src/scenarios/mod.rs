@@ -1,0 +1,27 @@
+//! One module per scenario of issue 9, in the order they are run by `all`.
+
+mod burst;
+mod cdc;
+mod delivery;
+mod lookup;
+mod parts;
+mod queue;
+
+use crate::context::Ctx;
+use crate::report::Report;
+
+/// Every scenario, in the order `all` runs them.
+pub const NAMES: &[&str] = &["lookup", "parts", "queue", "delivery", "burst", "cdc"];
+
+/// Runs the scenario `name`.
+pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {
+    match name {
+        "lookup" => lookup::run(ctx).await,
+        "parts" => parts::run(ctx).await,
+        "queue" => queue::run(ctx).await,
+        "delivery" => delivery::run(ctx).await,
+        "burst" => burst::run(ctx).await,
+        "cdc" => cdc::run(ctx).await,
+        other => anyhow::bail!("unknown scenario `{other}`"),
+    }
+}

@@ -1,0 +1,501 @@
+//! A small client for the `sheaf` HTTP API, and the load and probes the scenarios run with it:
+//! a paced publisher that retries each event until some process accepts it, a `/readyz`
+//! poller, and an RSS sampler.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The admin API of any `sheaf` process (no API key: they listen on loopback).
+#[derive(Debug, Clone)]
+pub struct Api {
+    http: reqwest::Client,
+}
+
+impl Api {
+    /// A client whose requests give up after `timeout`.
+    pub fn new(timeout: Duration) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+        })
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(body)?);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await?;
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        Ok((status, body))
+    }
+
+    /// Creates `tenant` with one webhook destination for every topic; returns its id.
+    pub async fn tenant_with_destination(
+        &self,
+        base: &str,
+        tenant: &str,
+        url: &str,
+    ) -> anyhow::Result<String> {
+        let (status, body) = self
+            .send(
+                reqwest::Method::PUT,
+                format!("{base}/api/v1/tenants/{tenant}"),
+                None,
+            )
+            .await?;
+        if status != 200 && status != 201 {
+            bail!("creating tenant {tenant} answered {status}: {body}");
+        }
+        let destination = json!({ "type": "webhook", "topics": ["*"], "config": { "url": url } });
+        let (status, body) = self
+            .send(
+                reqwest::Method::POST,
+                format!("{base}/api/v1/tenants/{tenant}/destinations"),
+                Some(&destination),
+            )
+            .await?;
+        if status != 201 {
+            bail!("creating a destination answered {status}: {body}");
+        }
+        body["id"]
+            .as_str()
+            .map(str::to_owned)
+            .context("the destination has no id")
+    }
+
+    /// One publish; the status, or an error when no answer came.
+    pub async fn publish(
+        &self,
+        base: &str,
+        tenant: &str,
+        id: &str,
+        data: &Value,
+    ) -> anyhow::Result<(u16, Value)> {
+        let body = json!({ "tenant_id": tenant, "topic": "chaos.event", "id": id, "data": data });
+        self.send(
+            reqwest::Method::POST,
+            format!("{base}/api/v1/publish"),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// `GET /readyz`: the status and body, or `None` when nothing answered.
+    pub async fn readyz(&self, base: &str) -> Option<(u16, Value)> {
+        self.send(reqwest::Method::GET, format!("{base}/readyz"), None)
+            .await
+            .ok()
+    }
+
+    /// The `/metrics` page.
+    pub async fn metrics(&self, base: &str) -> anyhow::Result<String> {
+        match self
+            .send(reqwest::Method::GET, format!("{base}/metrics"), None)
+            .await?
+        {
+            (200, Value::String(page)) => Ok(page),
+            (status, body) => bail!("/metrics answered {status}: {body}"),
+        }
+    }
+
+    /// Every item of a listing (`/api/v1/tenants/{t}/events` or `…/attempts`), following cursors.
+    pub async fn list_all(&self, base: &str, path: &str) -> anyhow::Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut next: Option<String> = None;
+        // At most 1,000 pages of 1,000: far beyond any scenario's size.
+        for _ in 0..1_000 {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let mut url = format!("{base}{path}{separator}limit=1000");
+            if let Some(cursor) = &next {
+                url.push_str(&format!("&next={cursor}"));
+            }
+            let (status, body) = self.send(reqwest::Method::GET, url, None).await?;
+            if status != 200 {
+                bail!("{path} answered {status}: {body}");
+            }
+            items.extend(body["items"].as_array().cloned().unwrap_or_default());
+            match body["next"].as_str() {
+                Some(cursor) => next = Some(cursor.to_owned()),
+                None => return Ok(items),
+            }
+        }
+        bail!("{path} has more than a million items")
+    }
+}
+
+/// One sample of a Prometheus page (`name` with its labels, as printed).
+pub fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == name).then(|| value.parse().ok())?
+        })
+}
+
+/// The base URLs publishes go to; a scenario removes a process before it stops it and adds the
+/// one it starts.
+#[derive(Debug, Clone, Default)]
+pub struct Targets(Arc<RwLock<Vec<String>>>);
+
+impl Targets {
+    /// Targets with these base URLs.
+    pub fn new(bases: &[String]) -> Self {
+        Self(Arc::new(RwLock::new(bases.to_vec())))
+    }
+
+    /// Sends further publishes to `base` too.
+    pub fn add(&self, base: String) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).push(base);
+    }
+
+    /// Sends no further publishes to `base`.
+    pub fn remove(&self, base: &str) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|b| b != base);
+    }
+
+    fn pick(&self, n: usize) -> Option<String> {
+        let bases = self.0.read().unwrap_or_else(|e| e.into_inner());
+        (!bases.is_empty()).then(|| bases[n % bases.len()].clone())
+    }
+}
+
+/// How the publisher paces and retries.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Events started per second.
+    pub rate: f64,
+    /// Publishes in flight (retries included) at most.
+    pub concurrency: usize,
+    /// How long one event may keep being retried before the publisher gives up on it.
+    pub give_up_after: Duration,
+}
+
+/// What the publisher did.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// When each accepted event was first answered 202.
+    pub accepted: HashMap<String, Instant>,
+    /// Tries that were not answered 202, by answer (`503`, `no answer`, …).
+    pub refused: HashMap<String, usize>,
+    /// 202s that said `duplicate: true` (an earlier try had been recorded after all).
+    pub repeats: usize,
+    /// Events never accepted (the publisher gave up on them).
+    pub gave_up: Vec<String>,
+}
+
+impl Published {
+    /// Refused tries, all answers together.
+    pub fn refused_total(&self) -> usize {
+        self.refused.values().sum()
+    }
+
+    /// The refusals as `answer × count, …`.
+    pub fn refused_text(&self) -> String {
+        if self.refused.is_empty() {
+            return "none".to_owned();
+        }
+        let mut parts: Vec<String> = self
+            .refused
+            .iter()
+            .map(|(k, v)| format!("{k} × {v}"))
+            .collect();
+        parts.sort();
+        parts.join(", ")
+    }
+}
+
+/// The body of event `i`: ~1 KB, so memory figures mean something.
+pub fn event_data(scenario: &str, i: usize) -> Value {
+    json!({ "scenario": scenario, "n": i, "pad": "x".repeat(1_000) })
+}
+
+/// Publishes `ids` (tenant `tenant`) at `pace.rate`, each retried with backoff (to whichever
+/// target is next) until a process answers 202. Runs in the background.
+pub fn publish_paced(
+    api: Api,
+    targets: Targets,
+    tenant: String,
+    scenario: &'static str,
+    ids: Vec<String>,
+    pace: Pace,
+) -> JoinHandle<Published> {
+    tokio::spawn(async move {
+        let outcome = Arc::new(Mutex::new(Published::default()));
+        let start = tokio::time::Instant::now();
+        futures::stream::iter(ids.into_iter().enumerate())
+            .for_each_concurrent(pace.concurrency, |(i, id)| {
+                let api = api.clone();
+                let targets = targets.clone();
+                let tenant = tenant.clone();
+                let outcome = Arc::clone(&outcome);
+                async move {
+                    let due = start + Duration::from_secs_f64(i as f64 / pace.rate);
+                    tokio::time::sleep_until(due).await;
+                    publish_until_accepted(
+                        &api, &targets, &tenant, scenario, i, &id, pace, &outcome,
+                    )
+                    .await;
+                }
+            })
+            .await;
+        let mut outcome = outcome.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *outcome)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn publish_until_accepted(
+    api: &Api,
+    targets: &Targets,
+    tenant: &str,
+    scenario: &str,
+    i: usize,
+    id: &str,
+    pace: Pace,
+    outcome: &Mutex<Published>,
+) {
+    let data = event_data(scenario, i);
+    let deadline = Instant::now() + pace.give_up_after;
+    let mut backoff = Duration::from_millis(100);
+    for attempt in 0usize.. {
+        let answer = match targets.pick(i + attempt) {
+            Some(base) => match api.publish(&base, tenant, id, &data).await {
+                Ok((202, body)) => {
+                    let mut outcome = outcome.lock().unwrap_or_else(|e| e.into_inner());
+                    outcome.accepted.insert(id.to_owned(), Instant::now());
+                    if body["duplicate"].as_bool() == Some(true) {
+                        outcome.repeats += 1;
+                    }
+                    return;
+                }
+                Ok((status, _)) => status.to_string(),
+                Err(_) => "no answer".to_owned(),
+            },
+            None => "no process".to_owned(),
+        };
+        let give_up = Instant::now() >= deadline;
+        {
+            let mut guard = outcome.lock().unwrap_or_else(|e| e.into_inner());
+            *guard.refused.entry(answer).or_default() += 1;
+            if give_up {
+                guard.gave_up.push(id.to_owned());
+            }
+        }
+        if give_up {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// A background probe: polls `/readyz` of one process every 100 ms until stopped.
+#[derive(Debug)]
+pub struct ReadyzProbe {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Vec<(Instant, Option<u16>)>>,
+}
+
+impl ReadyzProbe {
+    /// Starts polling `base`.
+    pub fn start(api: Api, base: String) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !*stopped.borrow() {
+                let at = Instant::now();
+                let status = api.readyz(&base).await.map(|(status, _)| status);
+                samples.push((at, status));
+                tokio::select! {
+                    _ = stopped.changed() => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+            samples
+        });
+        Self { stop, task }
+    }
+
+    /// Stops polling; returns every sample (when, status or `None` for no answer).
+    pub async fn finish(self) -> Vec<(Instant, Option<u16>)> {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// What the `/readyz` samples say about one outage.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    /// First sample not answered 200 at or after `from`.
+    pub unready_at: Option<Instant>,
+    /// First sample answered 200 after that.
+    pub ready_again_at: Option<Instant>,
+    /// Between the two: samples answered with another status, by status.
+    pub answered: std::collections::BTreeMap<u16, usize>,
+    /// Between the two: samples that got no answer within the probe's timeout.
+    pub no_answer: usize,
+}
+
+impl Readiness {
+    /// What the samples of the outage got, as `503 × 12, no answer within 2 s × 3`.
+    pub fn answers_text(&self) -> String {
+        let mut parts: Vec<String> = self
+            .answered
+            .iter()
+            .map(|(status, n)| format!("{status} × {n}"))
+            .collect();
+        if self.no_answer > 0 {
+            parts.push(format!(
+                "no answer within {} s × {}",
+                PROBE_TIMEOUT.as_secs(),
+                self.no_answer
+            ));
+        }
+        parts.join(", ")
+    }
+}
+
+/// How long the `/readyz` probe waits for an answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reads an outage out of `/readyz` samples: when it first stopped answering 200 at or after
+/// `from`, and when it answered 200 again.
+pub fn readiness(samples: &[(Instant, Option<u16>)], from: Instant) -> Readiness {
+    let unready_at = samples
+        .iter()
+        .find(|(at, status)| *at >= from && *status != Some(200))
+        .map(|(at, _)| *at);
+    let ready_again_at = unready_at.and_then(|down| {
+        samples
+            .iter()
+            .find(|(at, status)| *at > down && *status == Some(200))
+            .map(|(at, _)| *at)
+    });
+    let mut answered = std::collections::BTreeMap::new();
+    let mut no_answer = 0;
+    if let Some(down) = unready_at {
+        let up = ready_again_at.unwrap_or_else(|| samples.last().map_or(down, |(at, _)| *at));
+        for (_, status) in samples.iter().filter(|(at, _)| *at >= down && *at < up) {
+            match status {
+                Some(status) => *answered.entry(*status).or_default() += 1,
+                None => no_answer += 1,
+            }
+        }
+    }
+    Readiness {
+        unready_at,
+        ready_again_at,
+        answered,
+        no_answer,
+    }
+}
+
+/// The largest RSS of a process seen by a background sampler (every 200 ms), per phase.
+#[derive(Debug)]
+pub struct RssSampler {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Vec<(Instant, u64)>>,
+}
+
+impl RssSampler {
+    /// Samples `/proc/<pid>/status` `VmRSS` until stopped.
+    pub fn start(pid: u32) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !*stopped.borrow() {
+                if let Some(kib) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find(|l| l.starts_with("VmRSS:"))
+                            .and_then(|l| l.split_whitespace().nth(1))
+                            .and_then(|v| v.parse().ok())
+                    })
+                {
+                    samples.push((Instant::now(), kib));
+                }
+                tokio::select! {
+                    _ = stopped.changed() => {}
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+            samples
+        });
+        Self { stop, task }
+    }
+
+    /// Stops sampling; returns every sample (when, KiB).
+    pub async fn finish(self) -> Vec<(Instant, u64)> {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// The largest sample between `from` and `to`, in MiB.
+pub fn peak_mib(samples: &[(Instant, u64)], from: Instant, to: Instant) -> f64 {
+    samples
+        .iter()
+        .filter(|(at, _)| *at >= from && *at <= to)
+        .map(|(_, kib)| *kib)
+        .max()
+        .unwrap_or(0) as f64
+        / 1024.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_read_by_name_and_labels() {
+        let page = "# HELP x y\nsheaf_deliveries_total{outcome=\"success\"} 12\nsheaf_claims 3\n";
+        assert_eq!(
+            metric(page, "sheaf_deliveries_total{outcome=\"success\"}"),
+            Some(12.0)
+        );
+        assert_eq!(metric(page, "sheaf_claims"), Some(3.0));
+        assert_eq!(metric(page, "sheaf_other"), None);
+    }
+
+    #[test]
+    fn an_outage_is_read_from_readyz_samples() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let samples = [
+            (at(0), Some(200)),
+            (at(100), Some(200)),
+            (at(200), Some(503)),
+            (at(300), None),
+            (at(400), Some(200)),
+        ];
+        let seen = readiness(&samples, at(50));
+        assert_eq!(seen.unready_at, Some(at(200)));
+        assert_eq!(seen.ready_again_at, Some(at(400)));
+        assert_eq!(seen.answers_text(), "503 × 1, no answer within 2 s × 1");
+        let none = readiness(&samples, at(450));
+        assert_eq!(none.unready_at, None);
+        assert_eq!(none.ready_again_at, None);
+    }
+}

@@ -1,0 +1,241 @@
+//! The scenarios, and what they share: reading the queue table directly, waiting for the
+//! receiver, and the checks every scenario ends with.
+
+mod cdc;
+mod clickhouse;
+mod kill;
+mod postgres;
+mod shutdown;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use crate::api::{Api, Published, metric};
+use crate::env::Ctx;
+use crate::receiver::Receiver;
+use crate::report::Report;
+use crate::sheaf::Sheaf;
+
+/// Every scenario, in the order `all` runs them (the same list as xtask's).
+pub const NAMES: &[&str] = &["kill", "postgres", "clickhouse", "shutdown", "cdc"];
+
+/// The `'static` spelling of a scenario name.
+pub fn static_name(name: &str) -> &'static str {
+    NAMES.iter().copied().find(|n| *n == name).unwrap_or("?")
+}
+
+/// Runs one scenario.
+pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
+    match name {
+        "kill" => Box::pin(kill::run(ctx)).await,
+        "postgres" => Box::pin(postgres::run(ctx)).await,
+        "clickhouse" => Box::pin(clickhouse::run(ctx)).await,
+        "shutdown" => Box::pin(shutdown::run(ctx)).await,
+        "cdc" => Box::pin(cdc::run(ctx)).await,
+        other => anyhow::bail!("unknown scenario {other}"),
+    }
+}
+
+/// The tenant every scenario publishes as.
+const TENANT: &str = "chaos";
+
+/// How long the receiver may take to see every accepted event once the load is over. Generous
+/// on purpose: the checks are about what is lost, not about how fast it arrives.
+const SETTLE: Duration = Duration::from_secs(180);
+
+/// Event ids `<scenario>-00000` ….
+fn event_ids(scenario: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{scenario}-{i:05}")).collect()
+}
+
+/// A job whose lease is running, as read from the queue table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Leased {
+    job_id: String,
+    event_id: String,
+    claimed_until: String,
+}
+
+/// Jobs whose lease is still running (`claimed_until` in the future), read from the queue table.
+async fn claimed_jobs(ctx: &Ctx, schema: &str) -> anyhow::Result<Vec<Leased>> {
+    let rows = sqlx::query_as::<_, (String, String, String)>(&format!(
+        "SELECT id::text, event_id, claimed_until::text FROM {schema}.jobs WHERE claimed_until > now()"
+    ))
+    .fetch_all(&ctx.pg)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(job_id, event_id, claimed_until)| Leased {
+            job_id,
+            event_id,
+            claimed_until,
+        })
+        .collect())
+}
+
+/// Jobs left in the queue.
+async fn jobs_left(ctx: &Ctx, schema: &str) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {schema}.jobs"))
+            .fetch_one(&ctx.pg)
+            .await?,
+    )
+}
+
+/// Dead-lettered jobs.
+async fn dead_letters(ctx: &Ctx, schema: &str) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {schema}.dead_letters"))
+            .fetch_one(&ctx.pg)
+            .await?,
+    )
+}
+
+/// Waits until `delivered()` reaches `target`, at most `timeout`; returns whether it did.
+async fn wait_until(timeout: Duration, mut reached: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if reached() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reached()
+}
+
+/// The checks every publishing scenario ends with, once its load is over: every event accepted
+/// (the publisher gave up on none), every accepted event delivered, the queue drained with no
+/// dead letter. Fills in the report's figures.
+async fn settle(
+    ctx: &Ctx,
+    report: &mut Report,
+    schema: &str,
+    receiver: &Receiver,
+    published: &Published,
+) -> anyhow::Result<()> {
+    report.check(
+        published.gave_up.is_empty(),
+        format!(
+            "the publisher gave up on {} events no process would accept",
+            published.gave_up.len()
+        ),
+    );
+    let missing = receiver.wait_for(published.accepted.keys(), SETTLE).await;
+    if !missing.is_empty() {
+        println!(
+            "  {} accepted events still undelivered after {SETTLE:?}",
+            missing.len()
+        );
+    }
+    report.deliveries(
+        &published.accepted,
+        &receiver.first_successes(),
+        receiver.duplicates(),
+    );
+    // Completions are written a few milliseconds after the delivery; give them a moment.
+    let mut left = jobs_left(ctx, schema).await?;
+    for _ in 0..100 {
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = jobs_left(ctx, schema).await?;
+    }
+    report.check(
+        left == 0,
+        format!("{left} jobs are still queued at the end"),
+    );
+    let dead = dead_letters(ctx, schema).await?;
+    report.check(dead == 0, format!("{dead} jobs were dead-lettered"));
+    Ok(())
+}
+
+/// Checks that every accepted event is in the log store, read back through the API.
+async fn check_events_logged(
+    report: &mut Report,
+    api: &Api,
+    sheaf: &Sheaf,
+    published: &Published,
+) -> anyhow::Result<()> {
+    let logged: HashSet<String> = api
+        .list_all(&sheaf.base(), &format!("/api/v1/tenants/{TENANT}/events"))
+        .await?
+        .iter()
+        .filter_map(|e| e["id"].as_str().map(str::to_owned))
+        .collect();
+    let missing = published
+        .accepted
+        .keys()
+        .filter(|id| !logged.contains(*id))
+        .count();
+    report.note(
+        "accepted events found in the log store",
+        format!(
+            "{} of {}",
+            published.accepted.len() - missing,
+            published.accepted.len()
+        ),
+    );
+    report.check(
+        missing == 0,
+        format!("{missing} accepted events are missing from the log store"),
+    );
+    Ok(())
+}
+
+/// Events with at least one successful attempt in the log store, read back through the API.
+async fn events_with_logged_success(api: &Api, sheaf: &Sheaf) -> anyhow::Result<HashSet<String>> {
+    Ok(api
+        .list_all(
+            &sheaf.base(),
+            &format!("/api/v1/tenants/{TENANT}/attempts?status=success"),
+        )
+        .await?
+        .iter()
+        .filter_map(|a| a["event_id"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// Log lines of `sheaf` containing `needle`.
+fn log_lines(sheaf: &Sheaf, needle: &str) -> usize {
+    sheaf.log().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// A few counters of one process, as `name value, …`.
+async fn counters(api: &Api, sheaf: &Sheaf, names: &[&str]) -> String {
+    match api.metrics(&sheaf.base()).await {
+        Ok(page) => names
+            .iter()
+            .map(|n| format!("{n} {}", metric(&page, n).unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(err) => format!("(no metrics: {err})"),
+    }
+}
+
+/// Stops a scenario's last process gracefully and checks it exited cleanly.
+async fn stop_clean(report: &mut Report, sheaf: Sheaf) -> anyhow::Result<()> {
+    let name = sheaf.name.clone();
+    let exited = sheaf.stop().await?;
+    report.check(
+        exited.status.success(),
+        format!("sheaf {name} exited with {} after SIGTERM", exited.status),
+    );
+    Ok(())
+}
+
+/// Drops a scenario's schema and database when it passed; keeps them for inspection (and says
+/// so) when it failed.
+async fn cleanup(ctx: &Ctx, report: &mut Report, schema: &str) -> anyhow::Result<()> {
+    if report.passed() {
+        ctx.drop_stores(schema, schema).await
+    } else {
+        report.note(
+            "kept for inspection",
+            format!(
+                "postgres schema and clickhouse database {schema} on the fault suite's servers; `cargo xtask chaos-ctl postgres start` and `cargo xtask chaos-ctl clickhouse start` bring them up to look"
+            ),
+        );
+        Ok(())
+    }
+}

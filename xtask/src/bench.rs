@@ -1,0 +1,102 @@
+//! `cargo xtask bench <scenario>…|all [--quick]`: the seeds' experiments on the real servers.
+//!
+//! Starts Postgres and ClickHouse (like `test`, and stops only what it started), builds the
+//! `sheaf` binary when a scenario spawns it, then runs the `sheaf-bench` binary of the
+//! `sheaf-benches` crate with the servers' URLs in the environment. Full runs build in release;
+//! `--quick` runs in the dev profile, so CI reuses the artifacts of the test build instead of
+//! compiling the workspace a second time. Results go to `target/bench/<scenario>.json` and `.svg`.
+
+use crate::process::{describe, workspace_root};
+use crate::services;
+use anyhow::{Context, bail};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+/// Every scenario the bench binary knows, in the order `all` runs them.
+pub const SCENARIOS: &[&str] = &["lookup", "parts", "queue", "delivery", "burst", "cdc"];
+
+/// Scenarios that spawn `sheaf` processes, so the binary must be built first.
+const SPAWNS_SHEAF: &[&str] = &["delivery", "burst", "cdc"];
+
+/// `cargo xtask bench …`: parses the arguments, starts the services, runs, stops what it started.
+pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
+    let quick = args.contains(&"--quick");
+    let names: Vec<&str> = args.iter().copied().filter(|a| *a != "--quick").collect();
+    if names.is_empty() {
+        bail!("name a scenario ({}) or `all`", SCENARIOS.join(", "));
+    }
+    for name in &names {
+        if *name != "all" && !SCENARIOS.contains(name) {
+            bail!(
+                "unknown scenario `{name}`; expected one of {} or `all`",
+                SCENARIOS.join(", ")
+            );
+        }
+    }
+    let env = services::up()?;
+    env.print();
+    let outcome = run(&env, &names, quick);
+    let stopped = services::stop(env.started);
+    let passed = outcome?;
+    stopped.context("the benchmarks ran, but stopping the services failed")?;
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs the named scenarios (or `all`) against running services; `Ok(false)` when one failed.
+pub fn run(env: &services::ServicesEnv, names: &[&str], quick: bool) -> anyhow::Result<bool> {
+    let root = workspace_root();
+    let profile_args: &[&str] = if quick { &[] } else { &["--release"] };
+    let mut sheaf_bin = None;
+    if names
+        .iter()
+        .any(|n| *n == "all" || SPAWNS_SHEAF.contains(n))
+    {
+        let mut build = cargo(&["build", "--package", "sheaf-server", "--bin", "sheaf"]);
+        build.args(profile_args);
+        println!("xtask: running `{}`", describe(&build));
+        let status = build
+            .status()
+            .with_context(|| format!("could not run `{}`", describe(&build)))?;
+        if !status.success() {
+            eprintln!("xtask: `{}` failed ({status})", describe(&build));
+            return Ok(false);
+        }
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        sheaf_bin = Some(
+            target
+                .join(if quick { "debug" } else { "release" })
+                .join("sheaf"),
+        );
+    }
+
+    let mut cmd = cargo(&["run", "--package", "sheaf-benches", "--bin", "sheaf-bench"]);
+    cmd.args(profile_args).arg("--").args(names);
+    if quick {
+        cmd.arg("--quick");
+    }
+    cmd.arg("--out").arg(root.join("target").join("bench"));
+    cmd.envs(env.vars.iter().map(|(k, v)| (k, v)));
+    if let Some(bin) = &sheaf_bin {
+        cmd.env("SHEAF_BENCH_SHEAF_BIN", bin);
+    }
+    println!("xtask: running `{}`", describe(&cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not run `{}`", describe(&cmd)))?;
+    if !status.success() {
+        eprintln!("xtask: `{}` failed ({status})", describe(&cmd));
+    }
+    Ok(status.success())
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(args).current_dir(workspace_root());
+    cmd
+}

@@ -1,0 +1,396 @@
+//! `cargo xtask chaos [SCENARIO…|all] [--quick]`: the fault suite (issue 10), on servers of its own.
+//!
+//! The scenarios stop and restart Postgres and ClickHouse under load, so they never touch the
+//! servers `services up` runs for the suites (Postgres `15/main`, ClickHouse in
+//! `target/xtask/clickhouse/`). The fault suite has its own:
+//!
+//! - a Postgres cluster `15/sheaf_chaos` (created once with `pg_createcluster`, `start.conf`
+//!   manual, `wal_level = logical`, the same `sheaf` role and a `sheaf_chaos` database);
+//! - a ClickHouse server in `target/xtask/chaos-clickhouse/`, the same launcher and
+//!   configuration as the shared one, on a port of its own that stays the same across the
+//!   stops and starts of a run.
+//!
+//! `chaos` takes a lock (one run at a time: runs share those servers), builds `sheaf` and
+//! `sheaf-chaos`, copies both and this binary into `target/xtask/chaos/bin/` (so a rebuild by
+//! someone else during a run cannot swap the `sheaf` under a scenario), starts the servers,
+//! runs `sheaf-chaos` with their URLs, and stops the servers at the end, also when a scenario
+//! fails. The binary injects its faults by running that copy of xtask as
+//! `chaos-ctl postgres stop|start|restart` and `chaos-ctl clickhouse stop|start`. It records
+//! the PID of every `sheaf` it spawns; any still alive after it exits are stopped here, by PID.
+
+use crate::process::{
+    as_root, describe, free_port, pid_alive, pid_cmdline, run_captured, state_dir, stop_pid,
+    workspace_root,
+};
+use crate::services::{clickhouse, postgres};
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+/// Every scenario of `sheaf-chaos`, in the order `all` runs them.
+pub const SCENARIOS: &[&str] = &["kill", "postgres", "clickhouse", "shutdown", "cdc"];
+
+/// The fault suite's own Postgres cluster (version [`postgres::VERSION`]).
+pub const POSTGRES_CLUSTER: &str = "sheaf_chaos";
+const DATABASE: &str = "sheaf_chaos";
+/// Ports tried first when the cluster is created and when ClickHouse starts the first time.
+const POSTGRES_PREFERRED_PORT: u16 = 15433;
+const CLICKHOUSE_PREFERRED_PORT: u16 = 18124;
+
+/// The variables `sheaf-chaos` reads (see docs/configuration.md).
+const SHEAF_BIN_VAR: &str = "SHEAF_CHAOS_SHEAF_BIN";
+const POSTGRES_URL_VAR: &str = "SHEAF_CHAOS_POSTGRES_URL";
+const CLICKHOUSE_URL_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_URL";
+const CTL_VAR: &str = "SHEAF_CHAOS_CTL";
+const DIR_VAR: &str = "SHEAF_CHAOS_DIR";
+
+fn chaos_dir() -> PathBuf {
+    state_dir().join("chaos")
+}
+
+fn bin_dir() -> PathBuf {
+    chaos_dir().join("bin")
+}
+
+/// The port the fault suite's ClickHouse was first given; later starts must reuse it, since the
+/// running `sheaf` processes hold its URL.
+fn clickhouse_port_file() -> PathBuf {
+    chaos_dir().join("clickhouse.port")
+}
+
+/// One PID per line, appended by `sheaf-chaos` for every `sheaf` it spawns.
+fn sheaf_pids_file() -> PathBuf {
+    chaos_dir().join("sheaf.pids")
+}
+
+fn recorded_clickhouse_port() -> Option<u16> {
+    std::fs::read_to_string(clickhouse_port_file())
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn clickhouse_instance() -> clickhouse::Instance {
+    clickhouse::Instance {
+        workdir: state_dir().join("chaos-clickhouse"),
+        preferred_port: recorded_clickhouse_port().unwrap_or(CLICKHOUSE_PREFERRED_PORT),
+        stop_command: "cargo xtask chaos-ctl clickhouse stop",
+    }
+}
+
+/// `cargo xtask chaos …`.
+pub fn chaos(args: &[&str]) -> anyhow::Result<ExitCode> {
+    let quick = args.contains(&"--quick");
+    let names: Vec<&str> = args.iter().copied().filter(|a| *a != "--quick").collect();
+    let names = if names.is_empty() { vec!["all"] } else { names };
+    Ok(if run(&names, quick)? {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs the named scenarios (or `all`) on the fault suite's own servers; `Ok(false)` when one
+/// failed. Starts and stops those servers itself, so it needs nothing from `services up`.
+pub fn run(names: &[&str], quick: bool) -> anyhow::Result<bool> {
+    for name in names {
+        if *name != "all" && !SCENARIOS.contains(name) {
+            bail!(
+                "unknown chaos scenario `{name}`; expected one of {} or `all`",
+                SCENARIOS.join(", ")
+            );
+        }
+    }
+    std::fs::create_dir_all(bin_dir()).context("cannot create target/xtask/chaos")?;
+    let _lock = Lock::acquire()?;
+    let Some(bins) = build()? else {
+        return Ok(false);
+    };
+    let outcome = start_servers().and_then(|urls| run_binary(&bins, &urls, names, quick));
+    let leftovers = stop_leftover_sheaf(&bins.sheaf);
+    let stopped = stop_servers();
+    let passed = outcome?;
+    leftovers?;
+    stopped.context("the fault suite ran, but stopping its servers failed")?;
+    Ok(passed)
+}
+
+/// `cargo xtask chaos-ctl …`: how `sheaf-chaos` stops and starts the fault suite's servers.
+pub fn ctl(args: &[&str]) -> anyhow::Result<ExitCode> {
+    match args {
+        ["postgres", action @ ("stop" | "start" | "restart")] => {
+            let cluster = chaos_cluster()?.with_context(|| {
+                format!("no postgres cluster {POSTGRES_CLUSTER}: run `cargo xtask chaos` first")
+            })?;
+            match *action {
+                "stop" => {
+                    run_captured(cluster.ctl("stop").args(["--", "-m", "fast"]))?;
+                }
+                "start" => {
+                    run_captured(&mut cluster.ctl("start"))?;
+                    cluster.wait_ready()?;
+                }
+                _ => {
+                    run_captured(cluster.ctl("restart").args(["--", "-m", "fast"]))?;
+                    cluster.wait_ready()?;
+                }
+            }
+        }
+        ["clickhouse", "stop"] => clickhouse::down_in(&clickhouse_instance())?,
+        ["clickhouse", "start"] => {
+            start_clickhouse()?;
+        }
+        _ => bail!(
+            "usage: cargo xtask chaos-ctl postgres stop|start|restart | clickhouse stop|start (got `{}`)",
+            args.join(" ")
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One `cargo xtask chaos` at a time: the runs share the servers they stop and start.
+#[derive(Debug)]
+struct Lock {
+    path: PathBuf,
+}
+
+impl Lock {
+    fn acquire() -> anyhow::Result<Self> {
+        let path = chaos_dir().join("lock");
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && let Ok(pid) = text.trim().parse::<u32>()
+            && pid != std::process::id()
+            && pid_alive(pid)
+            && pid_cmdline(pid).is_some_and(|cmd| cmd.contains("xtask"))
+        {
+            bail!(
+                "another `cargo xtask chaos` (pid {pid}) is running; its servers are this run's too, wait for it"
+            );
+        }
+        std::fs::write(&path, std::process::id().to_string())?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The copies a run uses.
+#[derive(Debug)]
+struct Bins {
+    sheaf: PathBuf,
+    chaos: PathBuf,
+    ctl: PathBuf,
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(args).current_dir(workspace_root());
+    cmd
+}
+
+/// Builds `sheaf` and `sheaf-chaos` (dev profile: the same artifacts as the test build) and
+/// copies them and this xtask binary into `target/xtask/chaos/bin/`; `None` when the build failed.
+fn build() -> anyhow::Result<Option<Bins>> {
+    let mut build = cargo(&[
+        "build",
+        "--package",
+        "sheaf-server",
+        "--bin",
+        "sheaf",
+        "--package",
+        "sheaf-chaos",
+        "--bin",
+        "sheaf-chaos",
+    ]);
+    println!("xtask: running `{}`", describe(&build));
+    let status = build
+        .status()
+        .with_context(|| format!("could not run `{}`", describe(&build)))?;
+    if !status.success() {
+        eprintln!("xtask: `{}` failed ({status})", describe(&build));
+        return Ok(None);
+    }
+    let built = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("debug");
+    let own = std::env::current_exe().context("cannot find the xtask binary")?;
+    let bins = Bins {
+        sheaf: copy_binary(&built.join("sheaf"))?,
+        chaos: copy_binary(&built.join("sheaf-chaos"))?,
+        ctl: copy_binary(&own)?,
+    };
+    Ok(Some(bins))
+}
+
+fn copy_binary(from: &Path) -> anyhow::Result<PathBuf> {
+    let name = from.file_name().context("a binary has a file name")?;
+    let to = bin_dir().join(name);
+    // Removing first gives the copy a new inode, so a process still running the old one is
+    // not in the way ("text file busy").
+    let _ = std::fs::remove_file(&to);
+    std::fs::copy(from, &to)
+        .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    Ok(to)
+}
+
+/// The URLs of the running servers.
+#[derive(Debug)]
+struct Urls {
+    postgres: String,
+    clickhouse: String,
+}
+
+fn start_servers() -> anyhow::Result<Urls> {
+    let postgres = start_postgres().context("the fault suite's postgres")?;
+    let clickhouse = start_clickhouse().context("the fault suite's clickhouse")?;
+    Ok(Urls {
+        postgres,
+        clickhouse,
+    })
+}
+
+fn chaos_cluster() -> anyhow::Result<Option<postgres::Cluster>> {
+    Ok(postgres::clusters()?
+        .into_iter()
+        .find(|c| c.version == postgres::VERSION && c.name == POSTGRES_CLUSTER))
+}
+
+/// Creates the cluster once, starts it, and makes sure of `wal_level = logical`, the role and
+/// the database. Returns the URL the scenarios use.
+fn start_postgres() -> anyhow::Result<String> {
+    postgres::ensure_installed()?;
+    let version = postgres::VERSION;
+    let cluster = match chaos_cluster()? {
+        Some(cluster) => cluster,
+        None => {
+            let port = free_port(POSTGRES_PREFERRED_PORT)?;
+            println!(
+                "xtask: creating postgres cluster {version}/{POSTGRES_CLUSTER} on port {port}"
+            );
+            // `manual`: nothing but this command starts it (not the machine's boot, not
+            // `pg_ctlcluster --all`), and `services up` never picks it.
+            run_captured(as_root("pg_createcluster").args([
+                version,
+                POSTGRES_CLUSTER,
+                "--port",
+                &port.to_string(),
+                "--start-conf",
+                "manual",
+            ]))?;
+            chaos_cluster()?.context("pg_createcluster ran but the cluster is not listed")?
+        }
+    };
+    if !cluster.online {
+        println!("xtask: starting postgres {version}/{POSTGRES_CLUSTER}");
+        run_captured(&mut cluster.ctl("start")).context(
+            "pg_ctlcluster could not start the fault suite's cluster; see /var/log/postgresql/",
+        )?;
+    }
+    cluster.wait_ready()?;
+    if cluster.psql("postgres", "SHOW wal_level")? != "logical" {
+        cluster.psql("postgres", "ALTER SYSTEM SET wal_level = logical")?;
+        println!("xtask: restarting postgres {version}/{POSTGRES_CLUSTER} for wal_level = logical");
+        run_captured(cluster.ctl("restart").args(["--", "-m", "fast"]))?;
+        cluster.wait_ready()?;
+    }
+    cluster.ensure_role_and_database(DATABASE)?;
+    let (role, password) = (postgres::ROLE, postgres::PASSWORD);
+    Ok(format!(
+        "postgres://{role}:{password}@127.0.0.1:{}/{DATABASE}",
+        cluster.port
+    ))
+}
+
+/// Starts the fault suite's ClickHouse on the port it had before (the first time: a free one,
+/// remembered). Fails when that port is taken by something else.
+fn start_clickhouse() -> anyhow::Result<String> {
+    let instance = clickhouse_instance();
+    let up = clickhouse::up_in(&instance)?;
+    let port: u16 = up
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("clickhouse's URL has no port")?;
+    match recorded_clickhouse_port() {
+        Some(recorded) if recorded != port => {
+            clickhouse::down_in(&instance)?;
+            bail!(
+                "the fault suite's clickhouse must come back on port {recorded}, but that port is taken; free it or remove {}",
+                clickhouse_port_file().display()
+            );
+        }
+        Some(_) => {}
+        None => std::fs::write(clickhouse_port_file(), port.to_string())?,
+    }
+    Ok(up.url)
+}
+
+/// Stops both servers (they are the fault suite's alone); tries both, reports the first error.
+fn stop_servers() -> anyhow::Result<()> {
+    let ch = clickhouse::down_in(&clickhouse_instance());
+    let pg = match chaos_cluster() {
+        Ok(Some(cluster)) if cluster.online => {
+            println!(
+                "xtask: stopping postgres {}/{POSTGRES_CLUSTER}",
+                postgres::VERSION
+            );
+            run_captured(cluster.ctl("stop").args(["--", "-m", "fast"])).map(|_| ())
+        }
+        Ok(_) => Ok(()),
+        Err(err) => Err(err),
+    };
+    ch.context("clickhouse")?;
+    pg.context("postgres")?;
+    Ok(())
+}
+
+fn run_binary(bins: &Bins, urls: &Urls, names: &[&str], quick: bool) -> anyhow::Result<bool> {
+    let _ = std::fs::remove_file(sheaf_pids_file());
+    let mut cmd = Command::new(&bins.chaos);
+    cmd.args(names)
+        .current_dir(workspace_root())
+        .env(SHEAF_BIN_VAR, &bins.sheaf)
+        .env(POSTGRES_URL_VAR, &urls.postgres)
+        .env(CLICKHOUSE_URL_VAR, &urls.clickhouse)
+        .env(CTL_VAR, &bins.ctl)
+        .env(DIR_VAR, chaos_dir());
+    if quick {
+        cmd.arg("--quick");
+    }
+    println!("xtask: running `{}`", describe(&cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not run `{}`", describe(&cmd)))?;
+    if !status.success() {
+        eprintln!("xtask: `{}` failed ({status})", describe(&cmd));
+    }
+    Ok(status.success())
+}
+
+/// Stops, by PID, every `sheaf` the binary spawned that is still running (it ends them itself;
+/// this is for a binary that crashed or was killed).
+fn stop_leftover_sheaf(sheaf: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(sheaf_pids_file()).unwrap_or_default();
+    let ours = sheaf.to_string_lossy().into_owned();
+    let mut first_error = None;
+    for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+        if pid_alive(pid) && pid_cmdline(pid).is_some_and(|cmd| cmd.starts_with(&ours)) {
+            eprintln!(
+                "xtask: a sheaf process of the fault suite is still running (pid {pid}); stopping it"
+            );
+            if let Err(err) = stop_pid(pid, Duration::from_secs(10)) {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(sheaf_pids_file());
+    first_error.map_or(Ok(()), Err)
+}
