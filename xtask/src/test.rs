@@ -16,11 +16,29 @@ pub fn test(runner_args: &[&str]) -> anyhow::Result<ExitCode> {
     let outcome = run_suites(&env, runner_args).and_then(|suites_passed| {
         let benches_ran = crate::bench::run(&env, &["all"], true)?;
         let chaos_passed = crate::chaos::run(&["all"], true)?;
-        Ok(suites_passed && benches_ran && chaos_passed)
+        Ok([
+            ("the test suites", suites_passed),
+            ("the benchmarks at --quick size", benches_ran),
+            ("the fault suite at --quick size", chaos_passed),
+        ])
     });
     let stopped = services::stop(env.started);
-    let passed = outcome?;
+    let steps = outcome?;
     stopped.context("the suites ran, but stopping the services failed")?;
+    // One line at the very end that says what failed, so nobody has to scroll for it.
+    let failed: Vec<&str> = steps
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(what, _)| *what)
+        .collect();
+    let passed = failed.is_empty();
+    if passed {
+        println!(
+            "xtask: test passed: the test suites, the benchmarks and the fault suite (--quick)"
+        );
+    } else {
+        eprintln!("xtask: test failed: {}", failed.join(", "));
+    }
     Ok(if passed {
         ExitCode::SUCCESS
     } else {
