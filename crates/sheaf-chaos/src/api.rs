@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::report::{Report, at, secs};
+
 /// The admin API of any `sheaf` process (no API key: they listen on loopback).
 #[derive(Debug, Clone)]
 pub struct Api {
@@ -358,6 +360,31 @@ pub struct Readiness {
 }
 
 impl Readiness {
+    /// Notes when `/readyz` went unready and came back (relative to `t0`, and how long after
+    /// `fault_end`, when `server` answered again), or fails the checks if it never did either.
+    pub fn record(&self, report: &mut Report, t0: Instant, fault_end: Instant, server: &str) {
+        match (self.unready_at, self.ready_again_at) {
+            (Some(down), Some(up)) => report.note(
+                "/readyz",
+                format!(
+                    "not ready from {} to {} ({}: {}), ready again {} after {server}",
+                    at(t0, down),
+                    at(t0, up),
+                    secs(up - down),
+                    self.answers_text(),
+                    secs(up.saturating_duration_since(fault_end))
+                ),
+            ),
+            (down, up) => {
+                report.check(
+                    down.is_some(),
+                    "/readyz never stopped answering 200 during the outage",
+                );
+                report.check(up.is_some(), "/readyz never answered 200 again");
+            }
+        }
+    }
+
     /// What the samples of the outage got, as `503 × 12, no answer within 2 s × 3`.
     pub fn answers_text(&self) -> String {
         let mut parts: Vec<String> = self

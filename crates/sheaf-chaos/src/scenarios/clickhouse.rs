@@ -107,26 +107,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let end_page = api.metrics(&a.base()).await?;
     let samples = probe.finish().await;
     let seen = readiness(&samples, fault_start);
-    match (seen.unready_at, seen.ready_again_at) {
-        (Some(down), Some(up)) => report.note(
-            "/readyz",
-            format!(
-                "not ready from {} to {} ({}: {}), ready again {} after clickhouse answered /ping",
-                at(t0, down),
-                at(t0, up),
-                secs(up - down),
-                seen.answers_text(),
-                secs(up.saturating_duration_since(fault_end))
-            ),
-        ),
-        (down, up) => {
-            report.check(
-                down.is_some(),
-                "/readyz never stopped answering 200 during the outage",
-            );
-            report.check(up.is_some(), "/readyz never answered 200 again");
-        }
-    }
+    seen.record(&mut report, t0, fault_end, "clickhouse answered /ping");
     report.check(a.running(), "sheaf exited during the outage");
 
     // Retries that could not look up their attempt waited instead of failing.

@@ -84,28 +84,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     settle(ctx, &mut report, &schema, &receiver, &published).await?;
     let samples = probe.finish().await;
     let seen = readiness(&samples, fault_start);
-    match (seen.unready_at, seen.ready_again_at) {
-        (Some(down), Some(up)) => {
-            report.note(
-                "/readyz",
-                format!(
-                    "not ready from {} to {} ({}: {}), ready again {} after postgres accepted connections",
-                    at(t0, down),
-                    at(t0, up),
-                    secs(up - down),
-                    seen.answers_text(),
-                    secs(up.saturating_duration_since(fault_end))
-                ),
-            );
-        }
-        (down, up) => {
-            report.check(
-                down.is_some(),
-                "/readyz never stopped answering 200 during the outage",
-            );
-            report.check(up.is_some(), "/readyz never answered 200 again");
-        }
-    }
+    seen.record(&mut report, t0, fault_end, "postgres accepted connections");
     report.check(
         a.running(),
         "sheaf exited during the outage instead of reconnecting",
