@@ -6,10 +6,9 @@
 //! `--quick` runs in the dev profile, so CI reuses the artifacts of the test build instead of
 //! compiling the workspace a second time. Results go to `target/bench/<scenario>.json` and `.svg`.
 
-use crate::process::{describe, workspace_root};
+use crate::process::{run_step, target_dir, workspace_root};
 use crate::services;
 use anyhow::{Context, bail};
-use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 /// Every scenario the bench binary knows, in the order `all` runs them.
@@ -57,19 +56,11 @@ pub fn run(env: &services::ServicesEnv, names: &[&str], quick: bool) -> anyhow::
     {
         let mut build = cargo(&["build", "--package", "sheaf-server", "--bin", "sheaf"]);
         build.args(profile_args);
-        println!("xtask: running `{}`", describe(&build));
-        let status = build
-            .status()
-            .with_context(|| format!("could not run `{}`", describe(&build)))?;
-        if !status.success() {
-            eprintln!("xtask: `{}` failed ({status})", describe(&build));
+        if !run_step(&mut build)? {
             return Ok(false);
         }
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
         sheaf_bin = Some(
-            target
+            target_dir()
                 .join(if quick { "debug" } else { "release" })
                 .join("sheaf"),
         );
@@ -85,14 +76,7 @@ pub fn run(env: &services::ServicesEnv, names: &[&str], quick: bool) -> anyhow::
     if let Some(bin) = &sheaf_bin {
         cmd.env("SHEAF_BENCH_SHEAF_BIN", bin);
     }
-    println!("xtask: running `{}`", describe(&cmd));
-    let status = cmd
-        .status()
-        .with_context(|| format!("could not run `{}`", describe(&cmd)))?;
-    if !status.success() {
-        eprintln!("xtask: `{}` failed ({status})", describe(&cmd));
-    }
-    Ok(status.success())
+    run_step(&mut cmd)
 }
 
 fn cargo(args: &[&str]) -> Command {

@@ -19,8 +19,8 @@
 //! the PID of every `sheaf` it spawns; any still alive after it exits are stopped here, by PID.
 
 use crate::process::{
-    as_root, describe, free_port, pid_alive, pid_cmdline, run_captured, state_dir, stop_pid,
-    workspace_root,
+    as_root, free_port, pid_alive, pid_cmdline, run_captured, run_step, state_dir, stop_pid,
+    target_dir, workspace_root,
 };
 use crate::services::{clickhouse, postgres};
 use anyhow::{Context, bail};
@@ -208,18 +208,10 @@ fn build() -> anyhow::Result<Option<Bins>> {
         "--bin",
         "sheaf-chaos",
     ]);
-    println!("xtask: running `{}`", describe(&build));
-    let status = build
-        .status()
-        .with_context(|| format!("could not run `{}`", describe(&build)))?;
-    if !status.success() {
-        eprintln!("xtask: `{}` failed ({status})", describe(&build));
+    if !run_step(&mut build)? {
         return Ok(None);
     }
-    let built = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-        .join("debug");
+    let built = target_dir().join("debug");
     let own = std::env::current_exe().context("cannot find the xtask binary")?;
     let bins = Bins {
         sheaf: copy_binary(&built.join("sheaf"))?,
@@ -365,14 +357,7 @@ fn run_binary(bins: &Bins, urls: &Urls, names: &[&str], quick: bool) -> anyhow::
     if quick {
         cmd.arg("--quick");
     }
-    println!("xtask: running `{}`", describe(&cmd));
-    let status = cmd
-        .status()
-        .with_context(|| format!("could not run `{}`", describe(&cmd)))?;
-    if !status.success() {
-        eprintln!("xtask: `{}` failed ({status})", describe(&cmd));
-    }
-    Ok(status.success())
+    run_step(&mut cmd)
 }
 
 /// Stops, by PID, every `sheaf` the binary spawned that is still running (it ends them itself;

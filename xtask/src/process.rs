@@ -37,6 +37,26 @@ pub fn on_path(program: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
+/// Runs one visible step of a task: prints it, runs it with inherited output, and reports a
+/// failure on stderr. `Ok(false)` means the step ran and failed; `Err` that it could not start.
+pub fn run_step(cmd: &mut Command) -> anyhow::Result<bool> {
+    println!("xtask: running `{}`", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not run `{}`", describe(cmd)))?;
+    if !status.success() {
+        eprintln!("xtask: `{}` failed ({status})", describe(cmd));
+    }
+    Ok(status.success())
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `target/` in the workspace.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 /// Runs a command to completion, capturing its output; fails with the command line
 /// and its stderr when it exits non-zero.
 pub fn run_captured(cmd: &mut Command) -> anyhow::Result<String> {

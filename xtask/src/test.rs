@@ -1,6 +1,6 @@
 //! `cargo xtask test` and `cargo xtask ci`.
 
-use crate::process::{describe, output_of, workspace_root};
+use crate::process::{output_of, run_step, workspace_root};
 use crate::services;
 use anyhow::Context;
 use std::process::{Command, ExitCode};
@@ -96,14 +96,7 @@ fn run_suites(env: &services::ServicesEnv, runner_args: &[&str]) -> anyhow::Resu
     for mut step in steps {
         step.envs(env.vars.iter().map(|(k, v)| (k, v)))
             .env("SHEAF_TEST_PYTHON", services::venv_python());
-        println!("xtask: running `{}`", describe(&step));
-        let status = step
-            .status()
-            .with_context(|| format!("could not run `{}`", describe(&step)))?;
-        if !status.success() {
-            eprintln!("xtask: `{}` failed ({status})", describe(&step));
-            passed = false;
-        }
+        passed &= run_step(&mut step)?;
     }
     Ok(passed)
 }
