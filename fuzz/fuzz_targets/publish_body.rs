@@ -1,7 +1,7 @@
 //! Fuzz target `publish_body`: arbitrary bytes as the body of `POST /api/v1/publish`.
 //!
 //! Run with `cargo +nightly fuzz run publish_body -- -dict=dict/publish_body.dict` from `fuzz/`.
-//! The target compiles sheaf-server's `src/body.rs` itself (the module uses only serde,
+//! The target compiles sheaf-server's `src/ingest/body.rs` itself (the module uses only serde,
 //! serde_json and sheaf-store), so it runs exactly the parsing and validation the API runs
 //! before it looks at the tenant, without building the service. Any panic (a stack overflow
 //! on deep nesting included) is a bug; beyond that the target checks what the rest of the
@@ -12,7 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../crates/sheaf-server/src/body.rs"]
+#[path = "../../crates/sheaf-server/src/ingest/body.rs"]
 #[allow(dead_code)]
 mod body;
 

@@ -7,6 +7,7 @@
 
 mod bench;
 mod chaos;
+mod codegen;
 mod process;
 mod services;
 mod test;
@@ -22,7 +23,7 @@ commands:
   services status    show what is running and whether xtask started it
   test [ARGS…]       services up, every test of the workspace, `bench all --quick`, services down (ARGS go to the test runner)
   bench SCENARIO…|all [--quick]
-                     services up, the seeds' experiments on the real servers (lookup, parts, queue, delivery,
+                     services up, the mechanisms' experiments on the real servers (lookup, parts, queue, delivery,
                      burst, cdc), services down; results in target/bench/<scenario>.json and .svg
   chaos SCENARIO…|all [--quick]
                      the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
@@ -30,6 +31,7 @@ commands:
                      clickhouse, shutdown, cdc
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
                      stop or start the fault suite's own servers (its scenarios call this)
+  codegen            rewrite the generated parts of the docs (the settings table in docs/configuration.md)
   ci                 cargo fmt --check, cargo clippy -D warnings, then `test`
 ";
 
@@ -64,6 +66,7 @@ fn try_main() -> anyhow::Result<ExitCode> {
         ["bench", rest @ ..] => bench::bench(rest),
         ["chaos", rest @ ..] => chaos::chaos(rest),
         ["chaos-ctl", rest @ ..] => chaos::ctl(rest),
+        ["codegen"] => codegen::codegen(),
         ["ci"] => test::ci(),
         ["help" | "--help" | "-h"] | [] => {
             print!("{USAGE}");

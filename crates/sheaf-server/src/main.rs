@@ -5,8 +5,8 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use sheaf_server::config::settings_help;
-use sheaf_server::{Config, Stores};
+use sheaf_server::settings::{LogStoreKind, QueueKind, settings_help};
+use sheaf_server::{Config, Migrate, Stores};
 
 fn usage() -> String {
     format!(
@@ -82,7 +82,7 @@ fn init_tracing(filter: &str) -> anyhow::Result<()> {
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {
-    Stores::connect(&config, true).await?;
+    Stores::connect(&config, Migrate::Yes).await?;
     tracing::info!(
         log_store = ?config.log_store,
         queue = ?config.queue,
@@ -94,10 +94,8 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let open_admin = config.api_key.is_none();
     let plaintext_secrets_in_postgres = config.secrets_key.is_none()
-        && (config.log_store == sheaf_server::config::LogStoreKind::Postgres
-            || config.queue == sheaf_server::config::QueueKind::Postgres);
-    let nothing_delivers =
-        config.delivery_workers == 0 && config.queue == sheaf_server::config::QueueKind::Memory;
+        && (config.log_store == LogStoreKind::Postgres || config.queue == QueueKind::Postgres);
+    let nothing_delivers = config.delivery_workers == 0 && config.queue == QueueKind::Memory;
     let running = sheaf_server::start(config.clone()).await?;
     tracing::info!(
         addr = %running.addr,

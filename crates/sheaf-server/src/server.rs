@@ -8,11 +8,10 @@ use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cdc::CdcRunner;
-use crate::config::Config;
-use crate::core::Core;
-use crate::engine::Engine;
-use crate::stores::Stores;
+use crate::delivery::Engine;
+use crate::ingest::cdc::CdcRunner;
+use crate::settings::Config;
+use crate::state::{Core, Migrate, Stores};
 
 /// A running service.
 #[derive(Debug)]
@@ -30,7 +29,7 @@ pub struct Running {
 
 /// Connects the configured stores (migrating database schemas) and starts the service.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let stores = Stores::connect(&config, true).await?;
+    let stores = Stores::connect(&config, Migrate::Yes).await?;
     start_with(config, stores).await
 }
 
@@ -51,7 +50,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         .cdc
         .clone()
         .map(|settings| CdcRunner::start(Arc::clone(&core), settings));
-    let router = crate::api::router(Arc::clone(&core));
+    let router = crate::http::router(Arc::clone(&core));
     let stop_http = CancellationToken::new();
     let http = tokio::spawn(
         axum::serve(listener, router)

@@ -2,7 +2,7 @@
 //! and the OpenAPI document against the routes the router really serves.
 
 use serde_json::{Value, json};
-use sheaf_server::api::routes;
+use sheaf_server::http::routes::routes;
 
 use crate::support::{Client, env_with, start_server};
 

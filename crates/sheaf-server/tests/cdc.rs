@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sheaf_server::Running;
-use sheaf_server::metrics::CdcState;
+use sheaf_server::state::metrics::CdcState;
 use sqlx::PgPool;
 use tokio::time::Instant;
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
-use sheaf_server::api::{Access, Route, routes};
-use sheaf_server::tokens::TokenKey;
+use sheaf_server::http::auth::Access;
+use sheaf_server::http::routes::{Route, routes};
+use sheaf_server::settings::TokenKey;
 use sheaf_server::{Config, Stores};
 use sheaf_store::{Destination, DestinationId, TenantId, Timestamp, Topics};
 

@@ -326,7 +326,7 @@ impl Client {
     /// A sample from `/metrics`.
     pub async fn metric(&self, name: &str) -> f64 {
         let page = self.text("/metrics").await;
-        sheaf_server::metrics::sample_value(&page, name).unwrap_or(0.0)
+        sheaf_server::state::metrics::sample_value(&page, name).unwrap_or(0.0)
     }
 }
 

@@ -23,11 +23,10 @@
 //! needs a second, decrypt-only key and a pass that re-seals every destination; the `v1` in the
 //! prefix leaves room for a key id.
 
-use std::fmt;
 use std::sync::Arc;
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
+use aes_gcm::Nonce;
+use aes_gcm::aead::{Aead, Payload};
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -36,38 +35,12 @@ use sheaf_store::{
     Secret, Tenant, TenantId, TenantUpsert, Timestamp,
 };
 
+pub use crate::settings::SecretsKey;
+
 /// The prefix of a sealed secret, with the format's version.
 pub const SEALED_PREFIX: &str = "enc:v1:";
 
-/// The AES-256-GCM key that seals destination secrets. `Debug` never prints it.
-#[derive(Clone)]
-pub struct SecretsKey {
-    cipher: Aes256Gcm,
-}
-
-impl fmt::Debug for SecretsKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretsKey(<redacted>)")
-    }
-}
-
 impl SecretsKey {
-    /// Reads the setting's value: the standard base64 of exactly 32 bytes.
-    pub fn from_base64(raw: &str) -> Result<Self, String> {
-        let bytes = BASE64
-            .decode(raw.trim())
-            .map_err(|_| "is not valid base64 (standard alphabet, with padding)".to_owned())?;
-        if bytes.len() != 32 {
-            return Err(format!(
-                "decodes to {} bytes; AES-256 needs exactly 32 (make one with `head -c 32 /dev/urandom | base64`)",
-                bytes.len()
-            ));
-        }
-        let cipher =
-            Aes256Gcm::new_from_slice(&bytes).map_err(|_| "is not a 32-byte key".to_owned())?;
-        Ok(Self { cipher })
-    }
-
     fn aad(tenant: &TenantId, id: &DestinationId) -> Vec<u8> {
         let mut aad = b"sheaf destination secret v1\0".to_vec();
         aad.extend_from_slice(tenant.as_str().as_bytes());

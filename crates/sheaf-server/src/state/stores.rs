@@ -10,7 +10,16 @@ use anyhow::Context as _;
 use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
 use sheaf_store::{EntityStore, JobQueue, LogStore};
 
-use crate::config::{Config, LogStoreKind, QueueKind};
+use crate::settings::{Config, LogStoreKind, QueueKind};
+
+/// Whether connecting creates or upgrades the database schemas first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Migrate {
+    /// Create or upgrade them (`sheaf serve` and `sheaf migrate`).
+    Yes,
+    /// Use them as they are.
+    No,
+}
 
 /// The three stores the service uses, chosen at run time.
 #[derive(Debug, Clone)]
@@ -33,9 +42,10 @@ impl Stores {
         }
     }
 
-    /// Connects the stores `config` names. With `migrate`, each database store creates or
-    /// upgrades its schema first (`sheaf serve` and `sheaf migrate` both do).
-    pub async fn connect(config: &Config, migrate: bool) -> anyhow::Result<Self> {
+    /// Connects the stores `config` names. With [`Migrate::Yes`], each database store creates
+    /// or upgrades its schema first (`sheaf serve` and `sheaf migrate` both do).
+    pub async fn connect(config: &Config, migrate: Migrate) -> anyhow::Result<Self> {
+        let migrate = migrate == Migrate::Yes;
         let memory = Self::memory();
         let needs_postgres =
             config.log_store == LogStoreKind::Postgres || config.queue == QueueKind::Postgres;

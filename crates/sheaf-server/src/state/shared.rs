@@ -8,14 +8,14 @@ use sheaf_coalesce::{CoalesceMetrics, LookupCoalescer, WriteCoalescer};
 use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
 
-use crate::config::Config;
-use crate::entities::EntityCache;
-use crate::logio::{
+use crate::settings::Config;
+use crate::state::entities::EntityCache;
+use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
 };
-use crate::metrics::{MetricSources, Metrics};
-use crate::secrets::SealedEntityStore;
-use crate::stores::Stores;
+use crate::state::metrics::{MetricSources, Metrics};
+use crate::state::secrets::SealedEntityStore;
+use crate::state::stores::Stores;
 
 /// How long a freshly published event stays in the payload cache. Its first delivery
 /// normally starts within milliseconds; a backlog longer than this reads the log store.
@@ -65,23 +65,19 @@ impl Core {
         let event_metrics = Arc::new(CoalesceMetrics::new());
         let write_metrics = Arc::new(CoalesceMetrics::new());
         let log_writer = WriteCoalescer::with_observer(
-            LogWriter::new(Arc::clone(&stores.log)),
+            LogWriter(Arc::clone(&stores.log)),
             config.log_write,
             write_metrics.clone(),
         )?;
-        let events = LookupCoalescer::builder(
-            EventLookup::new(Arc::clone(&stores.log)),
-            config.event_lookup,
-        )
-        .observer(event_metrics.clone())
-        .build()?;
-        let retries = LookupCoalescer::builder(
-            RetryLookup::new(Arc::clone(&stores.log)),
-            config.retry_lookup,
-        )
-        .split(retry_split())
-        .observer(retry_metrics.clone())
-        .build()?;
+        let events =
+            LookupCoalescer::builder(EventLookup(Arc::clone(&stores.log)), config.event_lookup)
+                .observer(event_metrics.clone())
+                .build()?;
+        let retries =
+            LookupCoalescer::builder(RetryLookup(Arc::clone(&stores.log)), config.retry_lookup)
+                .split(retry_split())
+                .observer(retry_metrics.clone())
+                .build()?;
         let fresh = Cache::builder()
             .max_capacity(config.fresh_event_cache)
             .time_to_live(FRESH_EVENT_TTL)

@@ -1,9 +1,12 @@
-//! The API's one error shape: `{"error": {"code": "...", "message": "..."}}` with its status.
+//! The API's one error shape, and the one place where the errors of the layers below become
+//! status codes: `{"error": {"code": "...", "message": "..."}}` with its status.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sheaf_store::ErrorKind;
+
+use crate::ingest::PublishError;
 
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,5 +88,17 @@ impl IntoResponse for ApiError {
             "error": { "code": self.code, "message": self.message }
         });
         (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<PublishError> for ApiError {
+    fn from(err: PublishError) -> Self {
+        match err {
+            PublishError::UnknownTenant(tenant) => Self::unknown_tenant(&tenant),
+            PublishError::NotFound(message) => Self::not_found(message),
+            PublishError::Unavailable(message) => Self::unavailable(message),
+            PublishError::Store(err) => Self::from(err),
+            PublishError::Internal(message) => Self::internal(message),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The CDC source: committed changes of the application's Postgres, read through a logical
 //! replication slot with `sheaf-cdc`, published as events through the service's own publish
-//! path, and acknowledged to the slot only once those events are durable (seed 004).
+//! path, and acknowledged to the slot only once those events are durable .
 //!
 //! ```text
 //!  slot ─> sheaf-cdc (decode, batch per transaction, stamp) ─> CdcStream ─> message
@@ -26,147 +26,38 @@
 //!   (and acknowledge them); leave the rest unacknowledged (read again next start); shut the
 //!   stream down, which reports the confirmed position to the server.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use sheaf_cdc::{AckToken, CdcConfig, CdcMessage, CdcSource, CdcStream, Change, RowFilter};
+use sheaf_cdc::{AckToken, CdcMessage, CdcSource, CdcStream, Change, RowFilter};
 use sheaf_store::{EventId, Payload, TenantId};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::Core;
-use crate::metrics::{CdcMetrics, CdcState, Metrics};
-use crate::publish::{CDC_ID_PREFIX, NewEvent, publish_events};
+use crate::ingest::publish::{CDC_ID_PREFIX, NewEvent, publish_events};
+use crate::settings::{CdcSettings, TableTenants};
+use crate::state::Core;
+use crate::state::backoff::Backoff;
+use crate::state::metrics::{CdcMetrics, CdcState, Metrics};
 
-/// First wait before the stream is started again after an error.
-const RESTART_BACKOFF_MIN: Duration = Duration::from_secs(1);
-/// Longest wait between restarts: a database that is down is tried twice a minute.
-const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Waits before the stream is started again after an error: 1 s doubling to 30 s, so a
+/// database that is down is tried twice a minute.
+const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// A session that ran this long resets the restart backoff: the last error was not a loop.
 const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
-/// First wait before a failed publish is tried again.
-const PUBLISH_BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest wait between publish attempts of one message: a log store that is down is tried
-/// every few seconds, so delivery resumes soon after it is back.
-const PUBLISH_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Waits between publish attempts of one message: 100 ms doubling to 5 s, so a log store that
+/// is down is tried every few seconds and delivery resumes soon after it is back.
+const PUBLISH_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// How long a publish already under way may still take once the source is stopping (bounded
 /// further by `SHEAF_SHUTDOWN_TIMEOUT`). A publish is a log write and an enqueue, normally
 /// milliseconds; one that takes longer is abandoned unacknowledged and read again next start.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// Which tables feed which tenant (`SHEAF_CDC_TENANTS`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableTenants {
-    tables: BTreeMap<(String, String), TenantId>,
-    other: Option<TenantId>,
-    /// `*` does not cover this schema (Sheaf's own tables, when a store lives in Postgres).
-    excluded_schema: Option<String>,
-}
-
-impl TableTenants {
-    /// Parses `tenant` (every table) or `schema.table=tenant,…[,*=tenant]`.
-    ///
-    /// # Errors
-    /// A message (lower-case) saying what is wrong.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let raw = raw.trim();
-        if raw.is_empty() {
-            return Err("is empty".to_owned());
-        }
-        let tenant = |s: &str| TenantId::new(s.trim()).map_err(|e| e.to_string());
-        if !raw.contains('=') {
-            return Ok(Self {
-                tables: BTreeMap::new(),
-                other: Some(tenant(raw)?),
-                excluded_schema: None,
-            });
-        }
-        let mut tables = BTreeMap::new();
-        let mut other = None;
-        for entry in raw.split(',') {
-            let entry = entry.trim();
-            let (key, value) = entry
-                .split_once('=')
-                .ok_or_else(|| format!("entry {entry:?} is not `schema.table=tenant`"))?;
-            let (key, value) = (key.trim(), tenant(value)?);
-            if key == "*" {
-                if other.replace(value).is_some() {
-                    return Err("`*` appears twice".to_owned());
-                }
-                continue;
-            }
-            let (schema, table) = key
-                .split_once('.')
-                .filter(|(s, t)| !s.is_empty() && !t.is_empty())
-                .ok_or_else(|| format!("{key:?} is not `schema.table` (the schema is required)"))?;
-            if tables
-                .insert((schema.to_owned(), table.to_owned()), value)
-                .is_some()
-            {
-                return Err(format!("{key:?} appears twice"));
-            }
-        }
-        Ok(Self {
-            tables,
-            other,
-            excluded_schema: None,
-        })
-    }
-
-    /// Keeps `*` away from `schema`: Sheaf's own tables must never feed Sheaf.
-    pub fn exclude_schema(&mut self, schema: &str) {
-        self.excluded_schema = Some(schema.to_owned());
-    }
-
-    /// The tables named explicitly, as `schema.table`.
-    pub fn tables(&self) -> Vec<String> {
-        self.tables
-            .keys()
-            .map(|(schema, table)| format!("{schema}.{table}"))
-            .collect()
-    }
-
-    /// The schemas of the tables named explicitly.
-    pub fn schemas(&self) -> BTreeSet<&str> {
-        self.tables.keys().map(|(s, _)| s.as_str()).collect()
-    }
-
-    /// The tenant whose events the changes of `schema.table` become; `None`: dropped.
-    pub fn tenant_for(&self, schema: &str, table: &str) -> Option<&TenantId> {
-        // A lookup by borrowed (schema, table) without allocating is not possible with a
-        // tuple key; maps are small, so a scan of the explicit entries is cheap enough.
-        if let Some(tenant) = self
-            .tables
-            .iter()
-            .find(|((s, t), _)| s == schema && t == table)
-            .map(|(_, tenant)| tenant)
-        {
-            return Some(tenant);
-        }
-        if self.excluded_schema.as_deref() == Some(schema) {
-            return None;
-        }
-        self.other.as_ref()
-    }
-}
-
-/// Everything the CDC source runs with, from the `SHEAF_CDC_*` settings.
-#[derive(Debug, Clone)]
-pub struct CdcSettings {
-    /// The `sheaf-cdc` configuration (validated; its filter is set when the source starts).
-    pub source: CdcConfig,
-    /// `SHEAF_CDC_TENANTS`.
-    pub tenants: TableTenants,
-    /// `SHEAF_CDC_MAX_IN_FLIGHT`.
-    pub max_in_flight: usize,
-}
 
 /// The event id of a change read through `slot`: `cdc-<slot>-<commit LSN, 16 hex>-<position,
 /// 8 hex>` (see [`sheaf_cdc::EventId`]). Lower-case letters, digits, `_` and `-`, at most 93
@@ -229,7 +120,7 @@ async fn run(core: Arc<Core>, settings: CdcSettings, stop: CancellationToken) {
     let mut config = settings.source.clone();
     config.stream.filter = Some(filter(Arc::clone(&core.metrics), settings.tenants.clone()));
     let grace = core.config.shutdown_timeout.min(STOP_GRACE);
-    let mut backoff = RESTART_BACKOFF_MIN;
+    let mut backoff = RESTART_BACKOFF;
     loop {
         metrics.set_state(CdcState::Starting);
         let started = tokio::select! {
@@ -259,12 +150,12 @@ async fn run(core: Arc<Core>, settings: CdcSettings, stop: CancellationToken) {
                     }
                 }
                 if began.elapsed() >= HEALTHY_SESSION {
-                    backoff = RESTART_BACKOFF_MIN;
+                    backoff.reset();
                 }
             }
             Err(error) => {
                 tracing::error!(error = %error, slot = %config.slot, publication = %config.publication,
-                    "CDC source could not start; trying again in {backoff:?}");
+                    "CDC source could not start; trying again in {:?}", backoff.peek());
                 metrics.set_last_error(Some(error.to_string()));
             }
         }
@@ -273,9 +164,8 @@ async fn run(core: Arc<Core>, settings: CdcSettings, stop: CancellationToken) {
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
     }
     metrics.set_state(CdcState::Stopped);
 }
@@ -303,7 +193,7 @@ enum SessionEnd {
 }
 
 /// How one message ended.
-enum Handled {
+enum MessageEnd {
     Acked,
     /// Stopping: left unacknowledged, read again on the next start.
     Abandoned,
@@ -345,7 +235,7 @@ impl Session<'_> {
         let mut abandoned = 0;
         let deadline = Instant::now() + self.grace;
         while let Ok(Some(handled)) = tokio::time::timeout_at(deadline, in_flight.next()).await {
-            if matches!(handled, Handled::Abandoned) {
+            if matches!(handled, MessageEnd::Abandoned) {
                 abandoned += 1;
             }
         }
@@ -379,12 +269,12 @@ impl Session<'_> {
     }
 
     /// Publishes one message's events, retrying until they are durable, then acknowledges.
-    async fn handle(&self, message: CdcMessage, stop: CancellationToken) -> Handled {
+    async fn handle(&self, message: CdcMessage, stop: CancellationToken) -> MessageEnd {
         let metrics: &CdcMetrics = &self.core.metrics.cdc;
         let (changes, ack) = message.into_parts();
         Metrics::add(&metrics.changes, changes.len());
         let last_commit = changes.last().map(|c| c.commit_time);
-        let mut backoff = PUBLISH_BACKOFF_MIN;
+        let mut backoff = PUBLISH_BACKOFF;
         loop {
             let attempt = self.publish(&changes);
             tokio::pin!(attempt);
@@ -396,21 +286,20 @@ impl Session<'_> {
             match outcome {
                 Some(Ok(())) => {
                     acknowledge(metrics, ack, last_commit);
-                    return Handled::Acked;
+                    return MessageEnd::Acked;
                 }
                 Some(Err(error)) => {
                     Metrics::inc(&metrics.publish_failures);
                     tracing::warn!(error = %error, changes = changes.len(),
-                        "CDC publish failed; the same changes are tried again in {backoff:?}");
+                        "CDC publish failed; the same changes are tried again in {:?}", backoff.peek());
                 }
-                None => return Handled::Abandoned,
+                None => return MessageEnd::Abandoned,
             }
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return Handled::Abandoned,
-                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => return MessageEnd::Abandoned,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
             }
-            backoff = (backoff * 2).min(PUBLISH_BACKOFF_MAX);
         }
     }
 
@@ -464,42 +353,5 @@ fn acknowledge(metrics: &CdcMetrics, ack: AckToken, last_commit: Option<i64>) {
             commit.saturating_add(PG_EPOCH_UNIX_MICROS),
             Ordering::Relaxed,
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_tenant_or_a_map_with_a_fallback() {
-        let one = TableTenants::parse("acme").unwrap();
-        assert_eq!(one.tenant_for("public", "orders").unwrap().as_str(), "acme");
-        assert!(one.tables().is_empty());
-
-        let mut map = TableTenants::parse("public.orders=acme, app.users = beta ,*=rest").unwrap();
-        assert_eq!(map.tables(), ["app.users", "public.orders"]);
-        assert_eq!(map.tenant_for("app", "users").unwrap().as_str(), "beta");
-        assert_eq!(map.tenant_for("x", "y").unwrap().as_str(), "rest");
-        map.exclude_schema("sheaf");
-        assert_eq!(
-            map.tenant_for("sheaf", "events"),
-            None,
-            "`*` skips Sheaf's own schema"
-        );
-
-        let only = TableTenants::parse("public.orders=acme").unwrap();
-        assert_eq!(only.tenant_for("public", "other"), None);
-
-        for bad in [
-            "",
-            "orders=acme",
-            "public.orders=acme,public.orders=beta",
-            "*=a,*=b",
-            "public.orders=bad tenant!",
-            "public.orders=acme,",
-        ] {
-            assert!(TableTenants::parse(bad).is_err(), "{bad:?} must be refused");
-        }
     }
 }

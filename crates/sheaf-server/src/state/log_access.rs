@@ -1,12 +1,12 @@
 //! Every path between the service and its log store, coalesced.
 //!
 //! - [`LogWriter`]: the `BatchWriter` behind the write coalescer. Publishes hand off events
-//!   and workers hand off attempts; each write is one `LogStore::insert_many` (seed 001).
+//!   and workers hand off attempts; each write is one `LogStore::insert_many`.
 //! - [`EventLookup`]: the `BatchLookup` over `LogStore::get_events`, for first deliveries whose
 //!   payload is not in the fresh-event cache and for publishes checking a known id. Even a
 //!   batch of one goes through `get_events`: no path reads the log one event at a time.
 //! - [`RetryLookup`]: the `BatchLookup` over `LogStore::latest_attempts` for retries that come
-//!   due (seed 000), split so no query spans more than 15 minutes of attempt times.
+//!   due, split so no query spans more than 15 minutes of attempt times.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -51,16 +51,7 @@ pub fn json_size(payload: &Payload) -> usize {
 
 /// Writes batches of records with one `insert_many` each.
 #[derive(Debug, Clone)]
-pub struct LogWriter {
-    log: Arc<dyn LogStore>,
-}
-
-impl LogWriter {
-    /// A writer into `log`.
-    pub fn new(log: Arc<dyn LogStore>) -> Self {
-        Self { log }
-    }
-}
+pub struct LogWriter(pub Arc<dyn LogStore>);
 
 impl BatchWriter for LogWriter {
     type Record = LogRecord;
@@ -89,7 +80,7 @@ impl BatchWriter for LogWriter {
                 LogRecord::Attempt(a) => attempts.push(a),
             }
         }
-        self.log.insert_many(&events, &attempts).await
+        self.0.insert_many(&events, &attempts).await
     }
 }
 
@@ -98,16 +89,7 @@ pub type LogCoalescer = WriteCoalescer<LogWriter>;
 
 /// Reads events by key through `get_events`.
 #[derive(Debug, Clone)]
-pub struct EventLookup {
-    log: Arc<dyn LogStore>,
-}
-
-impl EventLookup {
-    /// A lookup over `log`.
-    pub fn new(log: Arc<dyn LogStore>) -> Self {
-        Self { log }
-    }
-}
+pub struct EventLookup(pub Arc<dyn LogStore>);
 
 impl BatchLookup for EventLookup {
     type Key = EventKey;
@@ -115,7 +97,7 @@ impl BatchLookup for EventLookup {
     type Error = sheaf_store::Error;
 
     async fn lookup_one(&self, key: EventKey) -> Result<Option<Event>, sheaf_store::Error> {
-        let mut found = self.log.get_events(std::slice::from_ref(&key)).await?;
+        let mut found = self.0.get_events(std::slice::from_ref(&key)).await?;
         Ok(found.remove(&key))
     }
 
@@ -123,7 +105,7 @@ impl BatchLookup for EventLookup {
         &self,
         keys: Vec<EventKey>,
     ) -> Result<HashMap<EventKey, Event>, sheaf_store::Error> {
-        self.log.get_events(&keys).await
+        self.0.get_events(&keys).await
     }
 }
 
@@ -139,8 +121,8 @@ pub struct RetryKey {
     pub event_id: EventId,
     /// The destination.
     pub destination_id: DestinationId,
-    /// The previous attempt's time; `None` makes the key unbatchable (seed 000: tasks without
-    /// an attempt time do not join batches) and the lookup unbounded in time.
+    /// The previous attempt's time; `None` makes the key unbatchable (a batch is bounded by its
+    /// keys' times, and this key has none) and the lookup unbounded in time.
     pub attempt_time: Option<Timestamp>,
 }
 
@@ -157,16 +139,7 @@ impl RetryKey {
 
 /// Finds the latest attempt of retries through `latest_attempt(s)`.
 #[derive(Debug, Clone)]
-pub struct RetryLookup {
-    log: Arc<dyn LogStore>,
-}
-
-impl RetryLookup {
-    /// A lookup over `log`.
-    pub fn new(log: Arc<dyn LogStore>) -> Self {
-        Self { log }
-    }
-}
+pub struct RetryLookup(pub Arc<dyn LogStore>);
 
 impl BatchLookup for RetryLookup {
     type Key = RetryKey;
@@ -174,7 +147,7 @@ impl BatchLookup for RetryLookup {
     type Error = sheaf_store::Error;
 
     async fn lookup_one(&self, key: RetryKey) -> Result<Option<Attempt>, sheaf_store::Error> {
-        self.log.latest_attempt(&key.attempt_key()).await
+        self.0.latest_attempt(&key.attempt_key()).await
     }
 
     async fn lookup_many(
@@ -182,7 +155,7 @@ impl BatchLookup for RetryLookup {
         keys: Vec<RetryKey>,
     ) -> Result<HashMap<RetryKey, Attempt>, sheaf_store::Error> {
         let attempt_keys: Vec<AttemptKey> = keys.iter().map(RetryKey::attempt_key).collect();
-        let mut found = self.log.latest_attempts(&attempt_keys).await?;
+        let mut found = self.0.latest_attempts(&attempt_keys).await?;
         Ok(keys
             .into_iter()
             .zip(attempt_keys)
@@ -198,9 +171,11 @@ impl BatchLookup for RetryLookup {
 /// The retry coalescer.
 pub type RetryCoalescer = LookupCoalescer<RetryLookup>;
 
-/// Seed 000's split: a batch query's time bound is its oldest key's, so keys whose attempt
-/// times span more than 15 minutes go into separate queries (BRIEF measured 9.8 ms of
-/// ClickHouse CPU per key for keys spread over 30 days against 1.07 ms within a day).
+/// A batch query's time bound is its oldest key's, so keys whose attempt times span more than
+/// 15 minutes go into separate queries: one old key would widen the range scanned for all. In
+/// a time-ordered layout that range is the whole cost (10.2 ms of ClickHouse CPU per key for
+/// keys spread over 30 days against 1.9 ms within a day, docs/benchmarks.md, `lookup`); Sheaf's
+/// own layout is far less sensitive to it, and the split keeps any layout safe.
 pub const RETRY_LOOKUP_SPAN: Duration = Duration::from_secs(15 * 60);
 
 /// The split rule of the retry coalescer.

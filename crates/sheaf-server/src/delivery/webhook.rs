@@ -25,7 +25,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 use sheaf_store::{Destination, EventId, Secret, Timestamp};
 
-use crate::guard::{GuardedResolver, check_literal};
+use crate::delivery::guard::{GuardedResolver, check_literal};
 
 /// Header names a destination's custom headers may not set: the signature's and the body's.
 pub const RESERVED_HEADERS: [&str; 5] = [

@@ -18,16 +18,17 @@
 //! expire (at most `SHEAF_TOKEN_MAX_TTL` after issue), and changing the signing key revokes them
 //! all at once.
 
-use std::fmt;
 use std::time::Duration;
 
 use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use sheaf_store::TenantId;
 use uuid::Uuid;
+
+pub use crate::settings::TokenKey;
 
 /// What every tenant token starts with (`tt`: tenant token, `1`: the format's version).
 pub const TOKEN_PREFIX: &str = "sheaf_tt1_";
@@ -37,16 +38,6 @@ const MAX_TOKEN_LEN: usize = 1024;
 
 /// Domain separation: a MAC made for anything else with the same key never verifies as a token.
 const SIGNING_CONTEXT: &[u8] = b"sheaf tenant token v1.";
-
-/// The signing key (`SHEAF_TOKEN_SIGNING_KEY`). `Debug` never prints it.
-#[derive(Clone)]
-pub struct TokenKey(Vec<u8>);
-
-impl fmt::Debug for TokenKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TokenKey(<redacted>)")
-    }
-}
 
 /// What a token says, once its signature checked out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,21 +60,6 @@ pub struct TokenClaims {
 pub struct TokenRefused(pub String);
 
 impl TokenKey {
-    /// Reads the setting's value: standard base64 of at least 32 bytes (HMAC-SHA256's output
-    /// size; a shorter key is the weak link).
-    pub fn from_base64(raw: &str) -> Result<Self, String> {
-        let bytes = STANDARD
-            .decode(raw.trim())
-            .map_err(|_| "is not valid base64 (standard alphabet, with padding)".to_owned())?;
-        if bytes.len() < 32 {
-            return Err(format!(
-                "decodes to {} bytes; at least 32 are needed (make one with `head -c 32 /dev/urandom | base64`)",
-                bytes.len()
-            ));
-        }
-        Ok(Self(bytes))
-    }
-
     fn mac(&self, claims_part: &str) -> Hmac<Sha256> {
         let mut mac =
             Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
@@ -152,6 +128,7 @@ pub fn unix_now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::STANDARD;
 
     fn key(byte: u8) -> TokenKey {
         TokenKey::from_base64(&STANDARD.encode([byte; 32])).unwrap()

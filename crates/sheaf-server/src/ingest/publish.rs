@@ -1,6 +1,5 @@
-//! Publishing an event, and a manual retry: the two ways jobs enter the queue.
+//! Publishing events: an HTTP publish, or a batch of the CDC source, one path.
 //!
-//! # Publish
 //! 1. Validate, find the tenant (404 when unknown).
 //! 2. An id accepted recently by this process is a repeat: answered at once.
 //! 3. A publisher-chosen id is looked up in the log store (coalesced `get_events`); found, it
@@ -22,28 +21,41 @@
 //! [`publish_events`] runs the same steps for many events of one tenant at once, with one log
 //! write and one enqueue: it is the CDC source's path. Ids starting with [`CDC_ID_PREFIX`] are
 //! the CDC source's and refused from publishers.
-//!
-//! # Manual retry
-//! A new job with a random UUIDv7 id (delivery jobs' derived ids are version 8, which is how a
-//! worker tells them apart): its first attempt is marked `manual`, and being newer than any
-//! pending automatic retry's carried attempt, it supersedes it (the automatic retry finds a
-//! newer attempt and finishes).
 
 use std::sync::Arc;
 
-use serde::Deserialize;
-use sha2::{Digest as _, Sha256};
 use sheaf_store::{
-    AttemptKey, Destination, DestinationId, Event, EventId, EventKey, Job, JobId, Payload,
-    TenantId, Timestamp, validate_topic,
+    AttemptKey, Destination, Event, EventId, EventKey, Job, Payload, TenantId, Timestamp,
+    validate_topic,
 };
-use uuid::Uuid;
 
-pub use crate::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
-use crate::core::Core;
-use crate::error::ApiError;
-use crate::logio::LogRecord;
-use crate::metrics::Metrics;
+pub use crate::ingest::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
+use crate::state::Core;
+use crate::state::jobs::delivery_job_id;
+use crate::state::log_access::LogRecord;
+use crate::state::metrics::Metrics;
+
+/// Why a publish or a manual retry did not go through. The HTTP layer answers each kind with
+/// its status; the CDC source logs it and tries again.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The tenant does not exist.
+    #[error("tenant {0:?} does not exist")]
+    UnknownTenant(String),
+    /// Something the request names does not exist (a destination, an event).
+    #[error("{0}")]
+    NotFound(String),
+    /// A store could not be reached; the same call may succeed later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A store refused or failed the call; its kind says why.
+    #[error(transparent)]
+    Store(#[from] sheaf_store::Error),
+    /// A bug: what should not happen did.
+    #[error("{0}")]
+    Internal(String),
+}
 
 /// What a publish did.
 #[derive(Debug, Clone)]
@@ -56,29 +68,7 @@ pub struct Published {
     pub jobs: usize,
 }
 
-/// The id of the delivery job of (tenant, event, destination): a UUID version 8 whose bits
-/// are the start of a SHA-256 of the triple, so enqueueing the same delivery twice is a
-/// no-op for the queue (it skips an id it holds).
-pub fn delivery_job_id(tenant: &TenantId, event: &EventId, destination: &DestinationId) -> JobId {
-    let digest = Sha256::new()
-        .chain_update(b"sheaf delivery job\0")
-        .chain_update(tenant.as_str().as_bytes())
-        .chain_update(b"\0")
-        .chain_update(event.as_str().as_bytes())
-        .chain_update(b"\0")
-        .chain_update(destination.as_uuid().as_bytes())
-        .finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    JobId::from_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
-}
-
-/// Whether a job is a manual retry (its id is a random UUIDv7, not a derived v8).
-pub fn is_manual_job(id: &JobId) -> bool {
-    id.as_uuid().get_version_num() == 7
-}
-
-fn job_for(event: &Event, destination: &Destination, now: Timestamp) -> Job {
+pub(crate) fn job_for(event: &Event, destination: &Destination, now: Timestamp) -> Job {
     Job {
         id: delivery_job_id(&event.tenant_id, &event.id, &destination.id),
         tenant_id: event.tenant_id.clone(),
@@ -90,12 +80,12 @@ fn job_for(event: &Event, destination: &Destination, now: Timestamp) -> Job {
     }
 }
 
-fn matches(destination: &Destination, event: &Event) -> bool {
+pub(crate) fn matches(destination: &Destination, event: &Event) -> bool {
     destination.enabled && destination.topics.matches(&event.topic)
 }
 
-/// Publishes an event whose body passed [`crate::body::validate_publish`]: see the module docs.
-pub async fn publish(core: &Arc<Core>, request: ValidPublish) -> Result<Published, ApiError> {
+/// Publishes an event whose body passed [`crate::ingest::body::validate_publish`]: see the module docs.
+pub async fn publish(core: &Arc<Core>, request: ValidPublish) -> Result<Published, PublishError> {
     let tenant_id = request.tenant_id;
     let (id, chosen) = match request.id {
         Some(id) => (id, true),
@@ -110,7 +100,7 @@ pub async fn publish(core: &Arc<Core>, request: ValidPublish) -> Result<Publishe
     let mut published = publish_events(core, &tenant_id, vec![event]).await?;
     published
         .pop()
-        .ok_or_else(|| ApiError::internal("publish returned no result"))
+        .ok_or_else(|| PublishError::Internal("publish returned no result".to_owned()))
 }
 
 /// One event for [`publish_events`], its id already decided.
@@ -139,13 +129,13 @@ pub async fn publish_events(
     core: &Arc<Core>,
     tenant_id: &TenantId,
     events: Vec<NewEvent>,
-) -> Result<Vec<Published>, ApiError> {
+) -> Result<Vec<Published>, PublishError> {
     for event in &events {
         validate_topic(&event.topic)?;
     }
     let entry = core.entities.get(tenant_id).await?;
     if entry.tenant.is_none() {
-        return Err(ApiError::unknown_tenant(tenant_id.as_str()));
+        return Err(PublishError::UnknownTenant(tenant_id.as_str().to_owned()));
     }
     let key_of = |id: &EventId| EventKey {
         tenant_id: tenant_id.clone(),
@@ -178,7 +168,7 @@ pub async fn publish_events(
     let mut repeats = Vec::new();
     for (&i, found) in to_check.iter().zip(known) {
         let found = found.map_err(|e| {
-            ApiError::unavailable(format!(
+            PublishError::Unavailable(format!(
                 "could not check whether the event id is known: {e}"
             ))
         })?;
@@ -227,7 +217,7 @@ pub async fn publish_events(
                     .collect(),
             )
             .await
-            .map_err(|e| ApiError::unavailable(format!("could not record the event: {e}")))?;
+            .map_err(|e| PublishError::Unavailable(format!("could not record the event: {e}")))?;
         let mut jobs: Vec<Job> = Vec::new();
         let mut counts = Vec::with_capacity(fresh.len());
         for (_, event) in &fresh {
@@ -242,11 +232,9 @@ pub async fn publish_events(
             counts.push(jobs.len() - before);
         }
         if !jobs.is_empty() {
-            core.stores
-                .queue
-                .enqueue(&jobs)
-                .await
-                .map_err(|e| ApiError::unavailable(format!("could not enqueue deliveries: {e}")))?;
+            core.stores.queue.enqueue(&jobs).await.map_err(|e| {
+                PublishError::Unavailable(format!("could not enqueue deliveries: {e}"))
+            })?;
             core.wake.notify_one();
         }
         Metrics::add(&core.metrics.events_published, fresh.len());
@@ -273,7 +261,7 @@ async fn repair(
     core: &Arc<Core>,
     events: &[Event],
     destinations: &[Destination],
-) -> Result<Vec<usize>, ApiError> {
+) -> Result<Vec<usize>, PublishError> {
     let mut candidates: Vec<(usize, &Destination, AttemptKey)> = Vec::new();
     for (i, event) in events.iter().enumerate() {
         for d in destinations
@@ -316,87 +304,4 @@ async fn repair(
         core.wake.notify_one();
     }
     Ok(counts)
-}
-
-/// The body of `POST /api/v1/tenants/{tenant_id}/retry`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetryRequest {
-    /// The event to deliver again.
-    pub event_id: String,
-    /// Where to.
-    pub destination_id: String,
-}
-
-/// Enqueues a manual retry; returns its job id.
-pub async fn manual_retry(
-    core: &Arc<Core>,
-    tenant_id: &TenantId,
-    request: RetryRequest,
-) -> Result<JobId, ApiError> {
-    let event_id = EventId::new(request.event_id)?;
-    let destination_id: DestinationId = request.destination_id.parse()?;
-    let entry = core.entities.get(tenant_id).await?;
-    if entry.tenant.is_none() {
-        return Err(ApiError::unknown_tenant(tenant_id.as_str()));
-    }
-    if entry.destination(&destination_id).is_none() {
-        return Err(ApiError::not_found(format!(
-            "destination {destination_id} does not exist"
-        )));
-    }
-    let key = EventKey {
-        tenant_id: tenant_id.clone(),
-        event_id: event_id.clone(),
-    };
-    let event = core
-        .events
-        .lookup(key.clone())
-        .await
-        .map_err(|e| ApiError::unavailable(format!("could not read the event: {e}")))?
-        .ok_or_else(|| ApiError::not_found(format!("event {event_id} does not exist")))?;
-    let latest = core
-        .stores
-        .log
-        .latest_attempt(&AttemptKey {
-            tenant_id: tenant_id.clone(),
-            event_id: event_id.clone(),
-            destination_id,
-            attempt_time: Timestamp::UNIX_EPOCH,
-        })
-        .await?;
-    let job = Job {
-        id: JobId::from_uuid(Uuid::now_v7()),
-        tenant_id: tenant_id.clone(),
-        event_id,
-        destination_id,
-        attempt_number: latest.map_or(1, |a| a.number.saturating_add(1)),
-        last_attempt_time: None,
-        due_at: Timestamp::now(),
-    };
-    core.fresh.insert(key, event).await;
-    core.stores
-        .queue
-        .enqueue(std::slice::from_ref(&job))
-        .await?;
-    crate::metrics::Metrics::inc(&core.metrics.jobs_enqueued);
-    core.wake.notify_one();
-    Ok(job.id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delivery_job_ids_are_derived_and_version_8() {
-        let t = TenantId::new("t").unwrap();
-        let e = EventId::new("e").unwrap();
-        let d = DestinationId::generate();
-        let a = delivery_job_id(&t, &e, &d);
-        assert_eq!(a, delivery_job_id(&t, &e, &d));
-        assert_ne!(a, delivery_job_id(&t, &EventId::new("f").unwrap(), &d));
-        assert!(!is_manual_job(&a));
-        assert!(is_manual_job(&JobId::generate()));
-    }
 }

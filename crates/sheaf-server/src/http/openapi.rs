@@ -1,4 +1,4 @@
-//! The OpenAPI 3.1 document, generated from the route table ([`crate::api::routes`]) that the
+//! The OpenAPI 3.1 document, generated from the route table ([`crate::http::routes::routes`]) that the
 //! router is built from, in plain `serde_json` (no macro crate: the machine has two cores and
 //! the table already holds everything the document needs).
 //!
@@ -13,9 +13,11 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::api::{Access, routes};
-use crate::config::Config;
-use crate::webhook::RESERVED_HEADERS;
+use crate::delivery::webhook::RESERVED_HEADERS;
+use crate::http::auth::Access;
+use crate::http::limits::{MAX_CUSTOM_HEADERS, MAX_TOPICS};
+use crate::http::routes::routes;
+use crate::settings::Config;
 
 /// A tenant id as the server accepts it (`sheaf_store::TenantId`, without `.` and `..`, which
 /// cannot be path segments).
@@ -67,7 +69,7 @@ fn headers_schema() -> Value {
         .collect();
     json!({
         "type": "object",
-        "maxProperties": crate::handlers::MAX_CUSTOM_HEADERS,
+        "maxProperties": MAX_CUSTOM_HEADERS,
         "propertyNames": {
             "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$",
             "not": { "pattern": format!("^(?:{})$", reserved.join("|")) }
@@ -81,7 +83,7 @@ fn topics_schema() -> Value {
     json!({
         "anyOf": [
             { "type": "array", "items": { "const": "*" }, "minItems": 1, "maxItems": 1 },
-            { "type": "array", "items": topic_schema(), "minItems": 1, "maxItems": crate::handlers::MAX_TOPICS }
+            { "type": "array", "items": topic_schema(), "minItems": 1, "maxItems": MAX_TOPICS }
         ],
         "description": "[\"*\"] for every topic, or the topics"
     })

@@ -1,0 +1,152 @@
+//! The delivery engine: one dispatcher, a pool of workers and one completer per process.
+//!
+//! ```text
+//!  JobQueue ──claim(free slots)──> dispatcher ──bounded channel (capacity = workers)──> workers
+//!     ^                                                                                   │
+//!     └── complete / reschedule / dead-letter, batched ── completer <── outcome ──────────┘
+//! ```
+//!
+//! - The **dispatcher** ([`dispatcher`]) is the only task that claims, so claim queries scale
+//!   with processes, not with workers × processes. It claims only as many jobs as the channel has free
+//!   slots, so claimed-but-unstarted work is bounded by the worker count and a saturated
+//!   process leaves due jobs to others. When a claim returns fewer jobs than it had room for
+//!   it sleeps `SHEAF_QUEUE_POLL_INTERVAL`, or until a publish in this process wakes it.
+//! - A **worker** ([`worker`]) takes a job from the channel (never from the database), renews
+//!   its lease first when more than half of it is spent, resolves what to send — a first
+//!   delivery's payload from the fresh-event cache or the coalesced event read; a retry's
+//!   through the coalesced latest-attempt lookup — delivers ([`webhook`], behind the
+//!   destination [`guard`]), writes the attempt through the log write coalescer, and hands the
+//!   job's outcome to the completer.
+//! - The **completer** ([`completer`]) gathers outcomes from every worker for
+//!   `SHEAF_COMPLETER_FLUSH_INTERVAL` or `SHEAF_COMPLETER_MAX_BATCH` outcomes and writes each
+//!   kind as one statement: one commit per job is bound by WAL writes, and batched completions
+//!   beat it several times over (docs/benchmarks.md, `queue`).
+//!
+//! Shutdown: stop claiming; let workers finish what they hold until `SHEAF_SHUTDOWN_TIMEOUT`,
+//! then abandon it (its lease runs out and another claim picks it up); release the claims
+//! still in the channel, unstarted; flush the completer.
+
+mod completer;
+mod dispatcher;
+pub mod guard;
+pub mod webhook;
+mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sheaf_store::{ClaimedJob, DeadLetterRequest, Lease, Reschedule};
+use tokio::sync::{Mutex, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::state::Core;
+use crate::state::metrics::Metrics;
+use webhook::Sender;
+
+/// A claimed job on its way to a worker, with when it was claimed (the lease's age is
+/// measured on this process's clock, so clock skew with the database does not matter).
+#[derive(Debug)]
+struct Dispatched {
+    claimed: ClaimedJob,
+    claimed_at: Instant,
+}
+
+/// What the completer writes for one job.
+#[derive(Debug)]
+enum Outcome {
+    Complete(Lease),
+    Reschedule(Reschedule),
+    DeadLetter(DeadLetterRequest),
+}
+
+/// The running engine.
+#[derive(Debug)]
+pub struct Engine {
+    core: Arc<Core>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+    dispatcher: JoinHandle<()>,
+    workers: TaskTracker,
+    completer: JoinHandle<()>,
+    completer_tx: mpsc::Sender<Outcome>,
+    jobs_rx: Arc<Mutex<mpsc::Receiver<Dispatched>>>,
+}
+
+impl Engine {
+    /// Starts the dispatcher, the workers and the completer.
+    pub fn start(core: Arc<Core>) -> anyhow::Result<Self> {
+        let sender = Sender::new(
+            core.config.delivery_timeout,
+            core.config.allow_private_destinations,
+        )?;
+        let stop = CancellationToken::new();
+        let abort = CancellationToken::new();
+        let workers_count = core.config.delivery_workers;
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Dispatched>(workers_count);
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let (completer_tx, completer_rx) =
+            mpsc::channel::<Outcome>(core.config.completer_max_batch.saturating_mul(4).max(64));
+
+        let completer = tokio::spawn(completer::run(Arc::clone(&core), completer_rx));
+        let dispatcher = tokio::spawn(dispatcher::run(Arc::clone(&core), jobs_tx, stop.clone()));
+        let workers = TaskTracker::new();
+        for _ in 0..workers_count {
+            workers.spawn(worker::run(
+                Arc::clone(&core),
+                sender.clone(),
+                Arc::clone(&jobs_rx),
+                completer_tx.clone(),
+                stop.clone(),
+                abort.clone(),
+            ));
+        }
+        workers.close();
+        Ok(Self {
+            core,
+            stop,
+            abort,
+            dispatcher,
+            workers,
+            completer,
+            completer_tx,
+            jobs_rx,
+        })
+    }
+
+    /// Stops gracefully: see the module docs. `deadline` bounds the wait for in-flight deliveries.
+    pub async fn shutdown(self, deadline: Duration) {
+        self.stop.cancel();
+        let _ = self.dispatcher.await;
+        if tokio::time::timeout(deadline, self.workers.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "in-flight deliveries did not finish within {deadline:?}; abandoning them to their leases"
+            );
+            self.abort.cancel();
+            self.workers.wait().await;
+        }
+        // Claims still in the channel were never started: give them back at once.
+        let mut unstarted = Vec::new();
+        {
+            let mut rx = self.jobs_rx.lock().await;
+            rx.close();
+            while let Ok(dispatched) = rx.try_recv() {
+                unstarted.push(dispatched.claimed.lease);
+            }
+        }
+        if !unstarted.is_empty() {
+            match self.core.stores.queue.release(&unstarted).await {
+                Ok(_) => Metrics::add(&self.core.metrics.jobs_released, unstarted.len()),
+                Err(err) => tracing::warn!(error = %err, jobs = unstarted.len(),
+                    "could not release unstarted jobs; they come back when their leases end"),
+            }
+        }
+        drop(self.completer_tx);
+        let _ = self.completer.await;
+    }
+}

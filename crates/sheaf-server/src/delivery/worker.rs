@@ -1,0 +1,316 @@
+//! A worker's turn with one job: renew a lease more than half spent, resolve what to send (a
+//! first delivery's payload from the fresh-event cache or the coalesced event read, a retry's
+//! through the coalesced latest-attempt lookup), deliver, write the attempt, and hand the job's
+//! outcome to the completer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng as _;
+use sheaf_store::{
+    Attempt, AttemptId, AttemptStatus, AttemptTrigger, ClaimedJob, DeadLetterRequest, EventKey,
+    Payload, Reschedule, Timestamp,
+};
+use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::webhook::{Delivered, Sender};
+use super::{Dispatched, Outcome};
+use crate::state::Core;
+use crate::state::backoff::Backoff;
+use crate::state::jobs::is_manual_job;
+use crate::state::log_access::{LogRecord, RetryKey};
+use crate::state::metrics::{DeliveryOutcome, Metrics};
+
+/// How often a failed attempt write is tried before the worker gives up on logging it.
+const ATTEMPT_WRITE_TRIES: u32 = 3;
+
+/// The wait after the attempt write's first failure, doubling for each later one.
+const ATTEMPT_WRITE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
+
+pub(super) async fn run(
+    core: Arc<Core>,
+    sender: Sender,
+    jobs: Arc<Mutex<mpsc::Receiver<Dispatched>>>,
+    outcomes: mpsc::Sender<Outcome>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+) {
+    loop {
+        let next = {
+            let mut rx = jobs.lock().await;
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => None,
+                job = rx.recv() => job,
+            }
+        };
+        let Some(dispatched) = next else { break };
+        let outcome = tokio::select! {
+            biased;
+            () = abort.cancelled() => break,
+            outcome = handle(&core, &sender, dispatched) => outcome,
+        };
+        if let Some(outcome) = outcome
+            && outcomes.send(outcome).await.is_err()
+        {
+            break;
+        }
+    }
+}
+
+/// A short reschedule that does not count as an attempt.
+fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
+    core.metrics.delivery(DeliveryOutcome::NotReady);
+    Outcome::Reschedule(Reschedule {
+        lease: claimed.lease,
+        due_at: Timestamp::now().saturating_add(core.config.retry.not_ready_delay),
+        attempt_number: claimed.job.attempt_number,
+        last_attempt_time: claimed.job.last_attempt_time,
+    })
+}
+
+/// The payload a job delivers, or the outcome that ends its turn without a delivery.
+enum Resolved {
+    Deliver { topic: String, data: Payload },
+    Done(Outcome),
+}
+
+/// A first delivery (or a manual retry): the fresh-event cache, else the coalesced event read.
+async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
+    let job = &claimed.job;
+    let key = EventKey {
+        tenant_id: job.tenant_id.clone(),
+        event_id: job.event_id.clone(),
+    };
+    if let Some(event) = core.fresh.get(&key).await {
+        Metrics::inc(&core.metrics.fresh_cache_hits);
+        return Resolved::Deliver {
+            topic: event.topic,
+            data: event.data,
+        };
+    }
+    Metrics::inc(&core.metrics.fresh_cache_misses);
+    match core.events.lookup(key).await {
+        Ok(Some(event)) => Resolved::Deliver {
+            topic: event.topic,
+            data: event.data,
+        },
+        Ok(None) => {
+            // Publishes write the event before they enqueue, so a missing event was dropped
+            // by the log's retention (or its tenant deleted): there is nothing to send.
+            tracing::warn!(tenant = %job.tenant_id, event = %job.event_id,
+                "event is no longer in the log store; dropping its delivery");
+            core.metrics.delivery(DeliveryOutcome::EventMissing);
+            Resolved::Done(Outcome::Complete(claimed.lease))
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "event read failed; trying again shortly");
+            Resolved::Done(not_ready(core, claimed))
+        }
+    }
+}
+
+/// A retry: the coalesced latest-attempt lookup. Found and not yet successful: deliver again
+/// with the payload it returned; successful or superseded by a newer attempt: finish; missing:
+/// the previous attempt is not logged yet, so the retry is not ready and comes back shortly.
+async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
+    let job = &claimed.job;
+    Metrics::inc(&core.metrics.retry_lookups);
+    let key = RetryKey {
+        tenant_id: job.tenant_id.clone(),
+        event_id: job.event_id.clone(),
+        destination_id: job.destination_id,
+        attempt_time: job.last_attempt_time,
+    };
+    match core.retries.lookup(key).await {
+        Err(err) => {
+            tracing::debug!(error = %err, "latest-attempt lookup failed; retry not ready");
+            Resolved::Done(not_ready(core, claimed))
+        }
+        // Not logged yet: exactly like a single lookup finding nothing.
+        Ok(None) if job.last_attempt_time.is_some() => Resolved::Done(not_ready(core, claimed)),
+        // A retry without an attempt time and no attempt at all: deliver from the event.
+        Ok(None) => resolve_event(core, claimed).await,
+        Ok(Some(latest)) => {
+            let superseded = job.last_attempt_time.is_some_and(|t| latest.time > t);
+            if latest.status == AttemptStatus::Success || superseded {
+                core.metrics.delivery(DeliveryOutcome::Superseded);
+                Resolved::Done(Outcome::Complete(claimed.lease))
+            } else {
+                Resolved::Deliver {
+                    topic: latest.event_topic,
+                    data: latest.event_data,
+                }
+            }
+        }
+    }
+}
+
+/// One job's turn: returns its outcome for the completer (`None` when the lease is lost).
+async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<Outcome> {
+    let mut claimed = dispatched.claimed;
+    let lease = core.config.queue_lease;
+    if dispatched.claimed_at.elapsed() > lease / 2 {
+        match core.stores.queue.renew(&[claimed.lease], lease).await {
+            Ok(renewed) => match renewed.leases.first() {
+                Some(new) => {
+                    claimed.lease = *new;
+                    Metrics::inc(&core.metrics.lease_renewals);
+                }
+                None => {
+                    Metrics::inc(&core.metrics.leases_lost);
+                    return None;
+                }
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, "lease renewal failed; delivering on the old lease")
+            }
+        }
+    }
+    let job = claimed.job.clone();
+    let entry = match core.entities.get(&job.tenant_id).await {
+        Ok(entry) => entry,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not read the destination; trying again shortly");
+            return Some(not_ready(core, &claimed));
+        }
+    };
+    let destination = match (&entry.tenant, entry.destination(&job.destination_id)) {
+        (Some(_), Some(destination)) => destination.clone(),
+        _ => {
+            core.metrics.delivery(DeliveryOutcome::Dropped);
+            return Some(Outcome::Complete(claimed.lease));
+        }
+    };
+    if !destination.enabled {
+        core.metrics.delivery(DeliveryOutcome::Dropped);
+        return Some(Outcome::DeadLetter(DeadLetterRequest {
+            lease: claimed.lease,
+            reason: "the destination is disabled".to_owned(),
+        }));
+    }
+    let manual = is_manual_job(&job.id) && job.last_attempt_time.is_none();
+    let first = job.last_attempt_time.is_none() && (job.attempt_number == 1 || manual);
+    let resolved = if first {
+        resolve_event(core, &claimed).await
+    } else {
+        resolve_retry(core, &claimed).await
+    };
+    let (topic, data) = match resolved {
+        Resolved::Deliver { topic, data } => (topic, data),
+        Resolved::Done(outcome) => return Some(outcome),
+    };
+
+    let body = serde_json::to_vec(data.value()).unwrap_or_else(|_| b"null".to_vec());
+    let now = Timestamp::now();
+    let delivered = sender.deliver(&destination, &job.event_id, body, now).await;
+    core.metrics.attempt_latency(delivered.elapsed);
+    if job.attempt_number > 1 && !manual {
+        Metrics::inc(&core.metrics.retries);
+    }
+    let attempt = Attempt {
+        tenant_id: job.tenant_id.clone(),
+        id: AttemptId::generate(),
+        event_id: job.event_id.clone(),
+        destination_id: job.destination_id,
+        number: job.attempt_number,
+        time: now,
+        status: if delivered.success {
+            AttemptStatus::Success
+        } else {
+            AttemptStatus::Failed
+        },
+        trigger: if manual {
+            AttemptTrigger::Manual
+        } else {
+            AttemptTrigger::Scheduled
+        },
+        response_code: delivered.code,
+        duration_ms: u32::try_from(delivered.elapsed.as_millis()).unwrap_or(u32::MAX),
+        response_body: delivered.body.clone(),
+        error: delivered.error.clone(),
+        event_topic: topic,
+        event_data: data,
+    };
+    let logged = write_attempt(core, attempt).await;
+    Some(outcome_of(core, &claimed, &delivered, now, logged))
+}
+
+/// Writes the attempt before the job's outcome is reported: a retry's lookup must find it,
+/// and a completed job must leave its attempt behind (publish's repeat check relies on it).
+async fn write_attempt(core: &Core, attempt: Attempt) -> bool {
+    let mut backoff = ATTEMPT_WRITE_BACKOFF;
+    for try_number in 1..=ATTEMPT_WRITE_TRIES {
+        match core
+            .log_writer
+            .hand_off(vec![LogRecord::Attempt(attempt.clone())])
+            .await
+        {
+            Ok(()) => return true,
+            Err(err) if try_number < ATTEMPT_WRITE_TRIES => {
+                tracing::warn!(error = %err, "attempt write failed; trying again");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, tenant = %attempt.tenant_id, event = %attempt.event_id,
+                    "could not log the attempt");
+            }
+        }
+    }
+    false
+}
+
+fn outcome_of(
+    core: &Core,
+    claimed: &ClaimedJob,
+    delivered: &Delivered,
+    now: Timestamp,
+    logged: bool,
+) -> Outcome {
+    let job = &claimed.job;
+    if delivered.success {
+        core.metrics.delivery(DeliveryOutcome::Success);
+        return Outcome::Complete(claimed.lease);
+    }
+    let retry = &core.config.retry;
+    if job.attempt_number >= retry.max_attempts {
+        core.metrics.delivery(DeliveryOutcome::DeadLettered);
+        let last = match (delivered.code, &delivered.error) {
+            (Some(code), _) => format!("status {code}"),
+            (None, Some(error)) => error.clone(),
+            (None, None) => "no answer".to_owned(),
+        };
+        return Outcome::DeadLetter(DeadLetterRequest {
+            lease: claimed.lease,
+            reason: format!(
+                "gave up after {} attempts; last: {last}",
+                job.attempt_number
+            ),
+        });
+    }
+    core.metrics.delivery(DeliveryOutcome::Failed);
+    let delay = match delivered.retry_after {
+        Some(asked) => asked.clamp(Duration::from_secs(1), retry.retry_after_max),
+        None => jittered(retry.base_delay(job.attempt_number), retry.jitter_percent),
+    };
+    Outcome::Reschedule(Reschedule {
+        lease: claimed.lease,
+        due_at: now.saturating_add(delay),
+        attempt_number: job.attempt_number.saturating_add(1),
+        // An attempt that could not be logged cannot be found by the retry's lookup; the retry
+        // then looks without a time bound (a single, unbatched lookup) or reads the event.
+        last_attempt_time: logged.then_some(now),
+    })
+}
+
+/// `delay` moved randomly by up to `percent` of itself, either way.
+fn jittered(delay: Duration, percent: u32) -> Duration {
+    if percent == 0 {
+        return delay;
+    }
+    let spread = delay.as_secs_f64() * f64::from(percent) / 100.0;
+    let offset = rand::rng().random_range(-spread..=spread);
+    Duration::from_secs_f64((delay.as_secs_f64() + offset).max(0.0))
+}

@@ -1,0 +1,281 @@
+//! Destinations: create, list, read, change, enable and disable, delete, rotate the secret.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sheaf_store::{
+    Destination, DestinationId, DestinationKind, DestinationPatch, Timestamp, Topics,
+};
+
+use crate::delivery::guard::check_url;
+use crate::delivery::webhook::{RESERVED_HEADERS, generate_secret};
+use crate::http::error::ApiError;
+use crate::http::extract::{ApiJson, ApiPath, AppState};
+use crate::state::Core;
+
+use crate::http::limits::{
+    MAX_CUSTOM_HEADERS, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_TOPICS,
+};
+
+use super::{ApiResult, existing_destination, existing_tenant};
+
+fn destination_json(d: &Destination) -> Value {
+    json!({
+        "id": d.id,
+        "tenant_id": d.tenant_id,
+        "type": d.kind.as_str(),
+        "topics": d.topics,
+        "config": { "url": d.url },
+        "headers": d.headers,
+        "enabled": d.enabled,
+        "credentials": {
+            "secret": d.secret.expose(),
+            "previous_secret": d.previous_secret.as_ref().map(|p| json!({
+                "secret": p.secret.expose(),
+                "expires_at": p.expires_at,
+            })),
+        },
+        "created_at": d.created_at,
+        "updated_at": d.updated_at,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WebhookConfig {
+    url: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DestinationInput {
+    #[serde(rename = "type")]
+    kind: String,
+    topics: Vec<String>,
+    config: WebhookConfig,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    enabled: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PatchConfig {
+    #[serde(default)]
+    url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DestinationPatchInput {
+    #[serde(default)]
+    topics: Option<Vec<String>>,
+    #[serde(default)]
+    config: Option<PatchConfig>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    enabled: Option<bool>,
+}
+
+fn check_topics(topics: Vec<String>) -> Result<Topics, ApiError> {
+    if topics.len() > MAX_TOPICS {
+        return Err(ApiError::invalid(format!(
+            "a topics filter has at most {MAX_TOPICS} entries, got {}",
+            topics.len()
+        )));
+    }
+    Ok(Topics::from_list(topics)?)
+}
+
+/// Custom headers are bounded (they go out with every delivery) and plain: token names,
+/// printable ASCII values (HTTP's obsolete non-ASCII text is refused rather than guessed at).
+fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if headers.len() > MAX_CUSTOM_HEADERS {
+        return Err(ApiError::invalid(format!(
+            "a destination has at most {MAX_CUSTOM_HEADERS} custom headers, got {}",
+            headers.len()
+        )));
+    }
+    for (name, value) in headers {
+        if name.len() > MAX_HEADER_NAME_LEN || value.len() > MAX_HEADER_VALUE_LEN {
+            return Err(ApiError::invalid(format!(
+                "header names are at most {MAX_HEADER_NAME_LEN} bytes and values at most {MAX_HEADER_VALUE_LEN}"
+            )));
+        }
+        if !value
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..=0x7e).contains(&b))
+        {
+            return Err(ApiError::invalid(format!(
+                "the value of header {name:?} must be printable ASCII"
+            )));
+        }
+        let lower = name.to_ascii_lowercase();
+        if RESERVED_HEADERS.contains(&lower.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "header {name:?} is set by sheaf and cannot be overridden"
+            )));
+        }
+        if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(ApiError::invalid(format!(
+                "{name:?} is not a valid header name"
+            )));
+        }
+        if HeaderValue::from_str(value).is_err() {
+            return Err(ApiError::invalid(format!(
+                "the value of header {name:?} is not a valid header value"
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn checked_url(core: &Core, raw: &str) -> Result<String, ApiError> {
+    check_url(raw, core.config.allow_private_destinations)
+        .await
+        .map(|url| url.to_string())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_destination_url", e.0))
+}
+
+pub(crate) async fn create_destination(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(input): ApiJson<DestinationInput>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let kind: DestinationKind = input.kind.parse()?;
+    let topics = check_topics(input.topics)?;
+    check_headers(&input.headers)?;
+    let url = checked_url(&core, &input.config.url).await?;
+    let now = Timestamp::now();
+    let destination = Destination {
+        id: DestinationId::generate(),
+        tenant_id: tenant.clone(),
+        kind,
+        url,
+        topics,
+        headers: input.headers,
+        enabled: input.enabled.unwrap_or(true),
+        secret: generate_secret(),
+        previous_secret: None,
+        created_at: now,
+        updated_at: now,
+    };
+    core.entities
+        .store()
+        .create_destination(&destination)
+        .await?;
+    core.entities.invalidate(&tenant).await;
+    Ok((StatusCode::CREATED, Json(destination_json(&destination))).into_response())
+}
+
+pub(crate) async fn list_destinations(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let list = core.entities.store().list_destinations(&tenant).await?;
+    let items: Vec<Value> = list.iter().map(destination_json).collect();
+    Ok(Json(json!({ "items": items })).into_response())
+}
+
+pub(crate) async fn get_destination(
+    State(core): State<AppState>,
+    ApiPath((raw, dest)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    match core.entities.store().get_destination(&tenant, &id).await? {
+        Some(d) => Ok(Json(destination_json(&d)).into_response()),
+        None => Err(ApiError::not_found(format!(
+            "destination {id} does not exist"
+        ))),
+    }
+}
+
+async fn apply_patch(
+    core: &Arc<Core>,
+    raw: String,
+    dest: &str,
+    patch: DestinationPatch,
+) -> ApiResult {
+    let (tenant, id) = existing_destination(core, raw, dest).await?;
+    let updated = core
+        .entities
+        .store()
+        .update_destination(&tenant, &id, &patch)
+        .await?;
+    core.entities.invalidate(&tenant).await;
+    Ok(Json(destination_json(&updated)).into_response())
+}
+
+pub(crate) async fn patch_destination(
+    State(core): State<AppState>,
+    ApiPath((raw, dest)): ApiPath<(String, String)>,
+    ApiJson(input): ApiJson<DestinationPatchInput>,
+) -> ApiResult {
+    let topics = input.topics.map(check_topics).transpose()?;
+    if let Some(headers) = &input.headers {
+        check_headers(headers)?;
+    }
+    let url = match input.config.and_then(|c| c.url) {
+        Some(url) => Some(checked_url(&core, &url).await?),
+        None => None,
+    };
+    let patch = DestinationPatch {
+        url,
+        topics,
+        headers: input.headers,
+        enabled: input.enabled,
+    };
+    apply_patch(&core, raw, &dest, patch).await
+}
+
+pub(crate) async fn enable_destination(
+    State(core): State<AppState>,
+    ApiPath((raw, dest)): ApiPath<(String, String)>,
+) -> ApiResult {
+    apply_patch(&core, raw, &dest, DestinationPatch::enabled(true)).await
+}
+
+pub(crate) async fn disable_destination(
+    State(core): State<AppState>,
+    ApiPath((raw, dest)): ApiPath<(String, String)>,
+) -> ApiResult {
+    apply_patch(&core, raw, &dest, DestinationPatch::enabled(false)).await
+}
+
+pub(crate) async fn delete_destination(
+    State(core): State<AppState>,
+    ApiPath((raw, dest)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    core.entities
+        .store()
+        .delete_destination(&tenant, &id)
+        .await?;
+    core.entities.invalidate(&tenant).await;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(crate) async fn rotate_secret(
+    State(core): State<AppState>,
+    ApiPath((raw, dest)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    let expires = Timestamp::now().saturating_add(core.config.secret_rotation_grace);
+    let rotated = core
+        .entities
+        .store()
+        .rotate_secret(&tenant, &id, &generate_secret(), expires)
+        .await?;
+    core.entities.invalidate(&tenant).await;
+    Ok(Json(destination_json(&rotated)).into_response())
+}

@@ -1,0 +1,212 @@
+//! Publish, the event and attempt logs, dead letters and manual retries.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sheaf_store::{
+    Attempt, AttemptFilter, AttemptId, AttemptStatus, Cursor, DeadLetter, DestinationId,
+    EventFilter, EventId, Page, PageRequest,
+};
+
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery, AppState};
+use crate::ingest::publish::PublishRequest;
+use crate::ingest::retry::RetryRequest;
+
+use super::{ApiResult, existing_tenant, tenant_id};
+
+pub(crate) async fn publish(
+    State(core): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<PublishRequest>,
+) -> ApiResult {
+    let request = crate::ingest::body::validate_publish(request)?;
+    // Before the tenant is looked up: a token learns nothing about other tenants.
+    caller.may_act_for(&request.tenant_id)?;
+    let published = crate::ingest::publish::publish(&core, request).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": published.id, "duplicate": published.repeat })),
+    )
+        .into_response())
+}
+
+/// Default page size of listings.
+const DEFAULT_LIMIT: u32 = 100;
+
+fn page_request(limit: Option<u32>, next: Option<String>) -> Result<PageRequest, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_LIMIT);
+    let request = match next.filter(|n| !n.is_empty()) {
+        Some(cursor) => PageRequest::after(limit, Cursor::decode(&cursor)?),
+        None => PageRequest::first(limit),
+    };
+    request.validate()?;
+    Ok(request)
+}
+
+fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
+    json!({
+        "items": page.items.iter().map(item).collect::<Vec<_>>(),
+        "next": page.next.map(|c| c.encode()),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct EventQuery {
+    topic: Option<String>,
+    limit: Option<u32>,
+    next: Option<String>,
+}
+
+pub(crate) async fn list_events(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(query): ApiQuery<EventQuery>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let page = page_request(query.limit, query.next)?;
+    let filter = EventFilter {
+        // Empty means no filter, as in the attempts listing.
+        topic: query.topic.filter(|t| !t.is_empty()),
+        ..EventFilter::default()
+    };
+    let events = core.stores.log.list_events(&tenant, &filter, &page).await?;
+    Ok(Json(page_json(events, |e| json!(e))).into_response())
+}
+
+pub(crate) async fn get_event(
+    State(core): State<AppState>,
+    ApiPath((raw, event)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let id = EventId::new(event.clone())
+        .map_err(|_| ApiError::not_found(format!("event {event:?} does not exist")))?;
+    match core.stores.log.get_event(&tenant, &id).await? {
+        Some(e) => Ok(Json(e).into_response()),
+        None => Err(ApiError::not_found(format!("event {id} does not exist"))),
+    }
+}
+
+fn attempt_json(a: &Attempt) -> Value {
+    json!({
+        "id": a.id,
+        "event_id": a.event_id,
+        "destination_id": a.destination_id,
+        "number": a.number,
+        "time": a.time,
+        "status": a.status.as_str(),
+        "trigger": a.trigger.as_str(),
+        "response_code": a.response_code,
+        "duration_ms": a.duration_ms,
+        "response_body": a.response_body,
+        "error": a.error,
+        "topic": a.event_topic,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct AttemptQuery {
+    event_id: Option<String>,
+    destination_id: Option<String>,
+    status: Option<String>,
+    topic: Option<String>,
+    limit: Option<u32>,
+    next: Option<String>,
+}
+
+pub(crate) async fn list_attempts(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(query): ApiQuery<AttemptQuery>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let page = page_request(query.limit, query.next)?;
+    let filter = AttemptFilter {
+        event_id: query
+            .event_id
+            .filter(|s| !s.is_empty())
+            .map(EventId::new)
+            .transpose()?,
+        destination_id: query
+            .destination_id
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<DestinationId>())
+            .transpose()?,
+        status: query
+            .status
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<AttemptStatus>())
+            .transpose()?,
+        topic: query.topic.filter(|s| !s.is_empty()),
+        ..AttemptFilter::default()
+    };
+    let attempts = core
+        .stores
+        .log
+        .list_attempts(&tenant, &filter, &page)
+        .await?;
+    Ok(Json(page_json(attempts, attempt_json)).into_response())
+}
+
+pub(crate) async fn get_attempt(
+    State(core): State<AppState>,
+    ApiPath((raw, attempt)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let id: AttemptId = attempt
+        .parse()
+        .map_err(|_| ApiError::not_found(format!("attempt {attempt} does not exist")))?;
+    match core.stores.log.get_attempt(&tenant, &id).await? {
+        Some(a) => Ok(Json(attempt_json(&a)).into_response()),
+        None => Err(ApiError::not_found(format!("attempt {id} does not exist"))),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct PageQuery {
+    limit: Option<u32>,
+    next: Option<String>,
+}
+
+fn dead_letter_json(d: &DeadLetter) -> Value {
+    json!({
+        "job_id": d.job.id,
+        "event_id": d.job.event_id,
+        "destination_id": d.job.destination_id,
+        "attempts": d.job.attempt_number,
+        "last_attempt_time": d.job.last_attempt_time,
+        "reason": d.reason,
+        "dead_lettered_at": d.dead_lettered_at,
+    })
+}
+
+pub(crate) async fn list_dead_letters(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PageQuery>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let page = page_request(query.limit, query.next)?;
+    let dead = core.stores.queue.list_dead_letters(&tenant, &page).await?;
+    Ok(Json(page_json(dead, dead_letter_json)).into_response())
+}
+
+pub(crate) async fn retry(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(request): ApiJson<RetryRequest>,
+) -> ApiResult {
+    let tenant = tenant_id(raw)?;
+    let event_id = request.event_id.clone();
+    let destination_id = request.destination_id.clone();
+    let job = crate::ingest::retry::manual_retry(&core, &tenant, request).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "job_id": job, "event_id": event_id, "destination_id": destination_id })),
+    )
+        .into_response())
+}

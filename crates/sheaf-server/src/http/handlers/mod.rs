@@ -1,0 +1,57 @@
+//! The API's handlers, one file per resource: thin translations between JSON and the stores,
+//! the caches, [`crate::ingest`] and [`crate::delivery`]. The route table
+//! (`super::routes`) names them; nothing here names the table.
+
+mod destinations;
+mod events;
+mod operations;
+mod tenants;
+
+pub(crate) use destinations::*;
+pub(crate) use events::*;
+pub(crate) use operations::*;
+pub(crate) use tenants::*;
+
+use axum::response::Response;
+use sheaf_store::{DestinationId, TenantId};
+
+use crate::http::error::ApiError;
+use crate::state::Core;
+
+pub(super) type ApiResult = Result<Response, ApiError>;
+
+pub(super) fn tenant_id(raw: String) -> Result<TenantId, ApiError> {
+    crate::ingest::body::api_tenant_id(raw).map_err(ApiError::from)
+}
+
+pub(super) fn destination_id(raw: &str) -> Result<DestinationId, ApiError> {
+    raw.parse::<DestinationId>()
+        .map_err(|_| ApiError::not_found(format!("destination {raw} does not exist")))
+}
+
+/// The tenant the path names, 404 unless it exists.
+pub(super) async fn existing_tenant(core: &Core, raw: String) -> Result<TenantId, ApiError> {
+    let tenant = tenant_id(raw)?;
+    require_tenant(core, &tenant).await?;
+    Ok(tenant)
+}
+
+/// The tenant and the destination the path names; 404 unless the tenant exists, or when the
+/// destination id is not one.
+pub(super) async fn existing_destination(
+    core: &Core,
+    raw: String,
+    dest: &str,
+) -> Result<(TenantId, DestinationId), ApiError> {
+    let tenant = existing_tenant(core, raw).await?;
+    Ok((tenant, destination_id(dest)?))
+}
+
+/// 404 unless the tenant exists.
+pub(super) async fn require_tenant(core: &Core, tenant: &TenantId) -> Result<(), ApiError> {
+    let entry = core.entities.get(tenant).await?;
+    if entry.tenant.is_none() {
+        return Err(ApiError::unknown_tenant(tenant.as_str()));
+    }
+    Ok(())
+}

@@ -1,0 +1,698 @@
+//! The table of every `SHEAF_*` setting: name, default, meaning and [`Kind`], defined once.
+//!
+//! Each setting is a `const` the parser reads through ([`super::values::Values`] takes the
+//! bounds from the setting itself), so a range is written in exactly one place: here. The
+//! validation message, `sheaf --help` and the generated table in `docs/configuration.md`
+//! (`cargo xtask codegen`) all render it from the same value.
+//!
+//! Comments above a setting give the why of its default.
+
+use std::time::Duration;
+
+/// What values a setting accepts. The parser enforces it and [`Kind::describe`] says it in
+/// words, so the two cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `true` or `false` (`1`/`0`, `yes`/`no`, `on`/`off` also read).
+    Bool,
+    /// A whole number in `min..=max`.
+    Integer {
+        /// The smallest accepted value.
+        min: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// A duration with a unit (`500ms`, `5s`, `1m`, `2h`, `1d`) in `min..=max`.
+    Duration {
+        /// The shortest accepted duration.
+        min: Duration,
+        /// The longest accepted duration.
+        max: Duration,
+    },
+    /// `0s` (off), or a duration in `min..=max`.
+    DurationOrOff {
+        /// The shortest accepted duration other than `0s`.
+        min: Duration,
+        /// The longest accepted duration.
+        max: Duration,
+    },
+    /// A comma-separated list of durations, each in `min..=max`.
+    DurationList {
+        /// The shortest accepted entry.
+        min: Duration,
+        /// The longest accepted entry.
+        max: Duration,
+    },
+    /// One of these words.
+    OneOf(&'static [&'static str]),
+    /// Text its own parser checks (an address, a URL, a key, a map); the string says what it
+    /// accepts.
+    Text(&'static str),
+}
+
+/// One setting.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The environment variable, e.g. `SHEAF_LISTEN`. In the TOML file the same setting is
+    /// the name without `SHEAF_`, lower-case (`listen`).
+    pub name: &'static str,
+    /// The default as written in the docs; `None` means unset.
+    pub default: Option<&'static str>,
+    /// What it does.
+    pub meaning: &'static str,
+    /// What values it accepts.
+    pub kind: Kind,
+    /// A rule beyond the kind that involves another setting (checked by the parser too).
+    pub also: Option<&'static str>,
+}
+
+impl Setting {
+    /// The key that sets it in the TOML file.
+    pub fn file_key(&self) -> String {
+        self.name
+            .strip_prefix("SHEAF_")
+            .unwrap_or(self.name)
+            .to_ascii_lowercase()
+    }
+
+    /// What it accepts, in words: the kind's description and the extra rule, if any.
+    pub fn valid(&self) -> String {
+        match self.also {
+            Some(also) => format!("{}; {also}", self.kind.describe()),
+            None => self.kind.describe(),
+        }
+    }
+}
+
+impl Kind {
+    /// The accepted values in words, as `--help` and `docs/configuration.md` print them.
+    pub fn describe(&self) -> String {
+        use super::values::format_duration as d;
+        match self {
+            Kind::Bool => "`true`, `false`".to_owned(),
+            Kind::Integer { min, max } => format!("{min}..={max}"),
+            Kind::Duration { min, max } => format!("a duration, {}..{}", d(*min), d(*max)),
+            Kind::DurationOrOff { min, max } => {
+                format!("`0s`, or a duration {}..{}", d(*min), d(*max))
+            }
+            Kind::DurationList { min, max } => format!(
+                "comma-separated durations (`500ms`, `5s`, `1m`, `2h`, `1d`), each {}..{}",
+                d(*min),
+                d(*max)
+            ),
+            Kind::OneOf(words) => words
+                .iter()
+                .map(|w| format!("`{w}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Kind::Text(text) => (*text).to_owned(),
+        }
+    }
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+const MINUTE: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3600);
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+const fn setting(
+    name: &'static str,
+    default: Option<&'static str>,
+    kind: Kind,
+    meaning: &'static str,
+) -> Setting {
+    Setting {
+        name,
+        default,
+        meaning,
+        kind,
+        also: None,
+    }
+}
+
+const fn with_rule(setting: Setting, also: &'static str) -> Setting {
+    Setting {
+        also: Some(also),
+        ..setting
+    }
+}
+
+/// `SHEAF_CONFIG_FILE`.
+pub const CONFIG_FILE: Setting = setting(
+    "SHEAF_CONFIG_FILE",
+    None,
+    Kind::Text("a readable file path"),
+    "Path of a TOML file that sets any other setting by its name without `SHEAF_`, lower-case (`listen = \"127.0.0.1:8470\"`); environment variables win over it. Environment only.",
+);
+/// `SHEAF_LISTEN`.
+pub const LISTEN: Setting = setting(
+    "SHEAF_LISTEN",
+    Some("127.0.0.1:8470"),
+    Kind::Text("`ip:port`"),
+    "Address the HTTP API listens on.",
+);
+/// `SHEAF_API_KEY`.
+pub const API_KEY: Setting = setting(
+    "SHEAF_API_KEY",
+    None,
+    Kind::Text("at least 16 characters"),
+    "Admin bearer token (`Authorization: Bearer <key>`) for everything under `/api/v1` except the OpenAPI document; tenant tokens (below) reach a part of it. Unset: the API is open, which is only allowed when `SHEAF_LISTEN` is a loopback address (start-up refuses otherwise and the log says so).",
+);
+// Its own key, not one derived from SHEAF_API_KEY: rotating the admin key must not silently
+// revoke every tenant token, and a leak of one must not be a leak of both.
+/// `SHEAF_TOKEN_SIGNING_KEY`.
+pub const TOKEN_SIGNING_KEY: Setting = setting(
+    "SHEAF_TOKEN_SIGNING_KEY",
+    None,
+    Kind::Text("standard base64 of at least 32 bytes (`head -c 32 /dev/urandom | base64`)"),
+    "Key that signs tenant-scoped API tokens (HMAC-SHA256). Set: the admin route `POST /api/v1/tenants/{tenant_id}/tokens` issues tokens that reach only that tenant's routes and its publishes (`docs/security.md`). Unset: no token is issued or accepted. Changing it revokes every token issued with the old key. Its own key, never derived from `SHEAF_API_KEY`. Needs `SHEAF_API_KEY` (with an open admin API a token would restrict nothing).",
+);
+// Tokens cannot be revoked one by one, so their lifetime is what bounds a leaked one; a month
+// covers a monthly rotation in a deploy pipeline.
+/// `SHEAF_TOKEN_MAX_TTL`.
+pub const TOKEN_MAX_TTL: Setting = setting(
+    "SHEAF_TOKEN_MAX_TTL",
+    Some("30d"),
+    Kind::Duration {
+        min: MINUTE,
+        max: Duration::from_secs(365 * 86_400),
+    },
+    "Longest lifetime a tenant token may be issued with (`ttl_seconds` above it is refused). Tokens cannot be revoked one by one, so this bounds a leaked one.",
+);
+/// `SHEAF_LOG_STORE`.
+pub const LOG_STORE: Setting = setting(
+    "SHEAF_LOG_STORE",
+    Some("memory"),
+    Kind::OneOf(&["memory", "postgres", "clickhouse"]),
+    "Where events and attempts are recorded. `memory` is refused with `SHEAF_QUEUE=postgres`: jobs read their payload from the log store, which must be as durable and shared as the queue.",
+);
+/// `SHEAF_QUEUE`.
+pub const QUEUE: Setting = setting(
+    "SHEAF_QUEUE",
+    Some("memory"),
+    Kind::OneOf(&["memory", "postgres"]),
+    "Where pending deliveries wait. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, in memory otherwise.",
+);
+/// `SHEAF_POSTGRES_URL`.
+pub const POSTGRES_URL: Setting = setting(
+    "SHEAF_POSTGRES_URL",
+    None,
+    Kind::Text("`postgres://user:password@host:port/database`"),
+    "Postgres connection URL; required when the queue or the log store is `postgres`.",
+);
+/// `SHEAF_CLICKHOUSE_URL`.
+pub const CLICKHOUSE_URL: Setting = setting(
+    "SHEAF_CLICKHOUSE_URL",
+    None,
+    Kind::Text("`http://[user[:password]@]host:port`"),
+    "ClickHouse HTTP URL; required when the log store is `clickhouse`.",
+);
+/// `SHEAF_POSTGRES_SCHEMA`.
+pub const POSTGRES_SCHEMA: Setting = setting(
+    "SHEAF_POSTGRES_SCHEMA",
+    Some("sheaf"),
+    Kind::Text("lower-case letters, digits and `_`, not starting with a digit, at most 63 bytes"),
+    "Postgres schema that holds Sheaf's tables; processes that should share work must use the same one.",
+);
+/// `SHEAF_CLICKHOUSE_DATABASE`.
+pub const CLICKHOUSE_DATABASE: Setting = setting(
+    "SHEAF_CLICKHOUSE_DATABASE",
+    Some("sheaf"),
+    Kind::Text("ASCII letters, digits and `_`, not starting with a digit, at most 64 bytes"),
+    "ClickHouse database that holds the log's tables (created at start).",
+);
+// Five retries spread over about seven hours ride out a deploy or a short outage without
+// hammering a receiver. The span stays well inside the memory log's three days of retention,
+// so a retry always finds its previous attempt.
+/// `SHEAF_RETRY_SCHEDULE`.
+pub const RETRY_SCHEDULE: Setting = setting(
+    "SHEAF_RETRY_SCHEDULE",
+    Some("5s,1m,10m,1h,6h"),
+    Kind::DurationList {
+        min: ms(100),
+        max: Duration::from_secs(7 * 86_400),
+    },
+    "Delays before each retry of a failed delivery: the first retry waits the first delay, and so on; past the end of the list the last delay repeats. Each delay gets the jitter below.",
+);
+// The first delivery plus one retry per entry of the default schedule.
+/// `SHEAF_RETRY_MAX_ATTEMPTS`.
+pub const RETRY_MAX_ATTEMPTS: Setting = setting(
+    "SHEAF_RETRY_MAX_ATTEMPTS",
+    Some("6"),
+    Kind::Integer { min: 1, max: 100 },
+    "Attempts (the first delivery included) before a delivery is dead-lettered.",
+);
+/// `SHEAF_RETRY_JITTER_PERCENT`.
+pub const RETRY_JITTER_PERCENT: Setting = setting(
+    "SHEAF_RETRY_JITTER_PERCENT",
+    Some("20"),
+    Kind::Integer { min: 0, max: 100 },
+    "Each retry delay is moved by a random amount within plus or minus this share of it, so retries of one outage do not come back in lockstep.",
+);
+/// `SHEAF_RETRY_NOT_READY_DELAY`.
+pub const RETRY_NOT_READY_DELAY: Setting = setting(
+    "SHEAF_RETRY_NOT_READY_DELAY",
+    Some("1s"),
+    Kind::Duration {
+        min: ms(10),
+        max: Duration::from_secs(600),
+    },
+    "How long a retry waits when its previous attempt is not logged yet (or the lookup failed) before it looks again; such a wait does not count as an attempt.",
+);
+/// `SHEAF_RETRY_AFTER_MAX`.
+pub const RETRY_AFTER_MAX: Setting = setting(
+    "SHEAF_RETRY_AFTER_MAX",
+    Some("1h"),
+    Kind::Duration {
+        min: SECOND,
+        max: Duration::from_secs(7 * 86_400),
+    },
+    "Longest `Retry-After` a destination can ask for; longer values are cut to it, and values under 1s are raised to 1s.",
+);
+// On by default here, although `LookupConfig::default()` in sheaf-coalesce leaves coalescing
+// off (`max_batch = 0`): the library makes turning it on its caller's choice, and every log
+// store Sheaf ships has a batched `latest_attempts`. Retries wait seconds by design, so 50 ms of
+// gathering costs nothing a user sees, while one query for many keys costs the store a fraction
+// of one query per key (docs/benchmarks.md, `lookup` and `burst`). 100 is the most keys one
+// query takes.
+/// `SHEAF_RETRY_LOOKUP_BATCH_SIZE`.
+pub const RETRY_LOOKUP_BATCH_SIZE: Setting = setting(
+    "SHEAF_RETRY_LOOKUP_BATCH_SIZE",
+    Some("50"),
+    Kind::Integer { min: 0, max: 100 },
+    "Retries due together share one latest-attempt query of up to this many keys; 0 turns coalescing off (one query per retry).",
+);
+/// `SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS`.
+pub const RETRY_LOOKUP_BATCH_WAIT_MS: Setting = setting(
+    "SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS",
+    Some("50"),
+    Kind::Integer {
+        min: 0,
+        max: 10_000,
+    },
+    "How long a retry lookup batch gathers after its first key before it is sent anyway.",
+);
+// Off: at the same load the fixed wait put more than twice as many retries in each query
+// (docs/benchmarks.md, `burst`), and a retry's 50 ms of gathering is invisible next to its seconds of delay.
+/// `SHEAF_RETRY_LOOKUP_ADAPTIVE`.
+pub const RETRY_LOOKUP_ADAPTIVE: Setting = setting(
+    "SHEAF_RETRY_LOOKUP_ADAPTIVE",
+    Some("false"),
+    Kind::Bool,
+    "Adaptive retry lookup batching: send at once while no lookup query is in flight and gather only while one is, so a quiet service adds no wait.",
+);
+// First deliveries read their payload on the publish path's heels, where latency matters;
+// adaptive batching adds no wait at low load and grows batches only while a read is in flight.
+/// `SHEAF_EVENT_LOOKUP_BATCH_SIZE`.
+pub const EVENT_LOOKUP_BATCH_SIZE: Setting = setting(
+    "SHEAF_EVENT_LOOKUP_BATCH_SIZE",
+    Some("100"),
+    Kind::Integer { min: 1, max: 1000 },
+    "First deliveries whose payload is not in the fresh-event cache, and publishes checking whether their id is known, read events in batches of up to this many keys (adaptive: no added wait when the store is idle).",
+);
+// At ~2 KB payloads, 10,000 events are ~20 MB of JSON (a few times that parsed): several
+// seconds of backlog at thousands of publishes a second.
+/// `SHEAF_FRESH_EVENT_CACHE`.
+pub const FRESH_EVENT_CACHE: Setting = setting(
+    "SHEAF_FRESH_EVENT_CACHE",
+    Some("10000"),
+    Kind::Integer {
+        min: 0,
+        max: 10_000_000,
+    },
+    "Freshly published events kept in memory so their first delivery needs no read of the log store; also remembers recently accepted ids for idempotent publishing.",
+);
+// Deliveries wait on the network, not the CPU: 32 concurrent requests keep a 2-core machine
+// busy with receivers answering in tens of milliseconds. The channel holds as many jobs as
+// there are workers, so claimed-but-unstarted work stays bounded by it.
+/// `SHEAF_DELIVERY_WORKERS`.
+pub const DELIVERY_WORKERS: Setting = setting(
+    "SHEAF_DELIVERY_WORKERS",
+    Some("32"),
+    Kind::Integer { min: 0, max: 4096 },
+    "Concurrent webhook deliveries per process; also the capacity of the channel from the dispatcher to the workers. 0 runs no dispatcher and no workers: the process serves the API (and the CDC source) and leaves every delivery to other processes sharing a `postgres` queue (with the `memory` queue nothing delivers, which only tests want; the log warns).",
+);
+// Long enough for a slow receiver, short enough that a hung one ties up a worker for seconds,
+// not minutes; the lease (below) must outlast it.
+/// `SHEAF_DELIVERY_TIMEOUT`.
+pub const DELIVERY_TIMEOUT: Setting = with_rule(
+    setting(
+        "SHEAF_DELIVERY_TIMEOUT",
+        Some("15s"),
+        Kind::Duration {
+            min: ms(100),
+            max: Duration::from_secs(600),
+        },
+        "How long one webhook request may take (connect, send, answer) before the attempt fails.",
+    ),
+    "shorter than `SHEAF_QUEUE_LEASE`",
+);
+// Twice the longest delivery (the 15 s timeout), so a slow delivery never loses its job to
+// another claimer; a crashed process's jobs come back after it.
+/// `SHEAF_QUEUE_LEASE`.
+pub const QUEUE_LEASE: Setting = with_rule(
+    setting(
+        "SHEAF_QUEUE_LEASE",
+        Some("30s"),
+        Kind::Duration {
+            min: SECOND,
+            max: HOUR,
+        },
+        "How long a claim on a job holds; a process that dies leaves its jobs to others after this. A worker renews a lease more than half spent before delivering.",
+    ),
+    "longer than `SHEAF_DELIVERY_TIMEOUT`",
+);
+// Bounds how late a due retry is picked up; an idle process then sends ten cheap claim
+// queries a second (one per process, not one per worker).
+/// `SHEAF_QUEUE_POLL_INTERVAL`.
+pub const QUEUE_POLL_INTERVAL: Setting = setting(
+    "SHEAF_QUEUE_POLL_INTERVAL",
+    Some("100ms"),
+    Kind::Duration {
+        min: ms(1),
+        max: MINUTE,
+    },
+    "How long the dispatcher sleeps after a claim found fewer due jobs than it had room for (new publishes in this process wake it at once).",
+);
+// One commit per job is bound by WAL writes, and batched completions beat it several times over
+// (docs/benchmarks.md, `queue`); a few milliseconds of gathering is invisible next to a
+// webhook's round trip and makes one statement out of every worker's outcomes.
+/// `SHEAF_COMPLETER_FLUSH_INTERVAL`.
+pub const COMPLETER_FLUSH_INTERVAL: Setting = setting(
+    "SHEAF_COMPLETER_FLUSH_INTERVAL",
+    Some("5ms"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: SECOND,
+    },
+    "How long the completer gathers job outcomes (complete, reschedule, dead-letter) from all workers before writing them as one statement per kind.",
+);
+// Eight times the default workers: a full flush carries every worker's outcome several times
+// over, and a statement of a few hundred ids stays small.
+/// `SHEAF_COMPLETER_MAX_BATCH`.
+pub const COMPLETER_MAX_BATCH: Setting = setting(
+    "SHEAF_COMPLETER_MAX_BATCH",
+    Some("256"),
+    Kind::Integer {
+        min: 1,
+        max: 10_000,
+    },
+    "Outcomes that make the completer write at once, without waiting for the interval.",
+);
+// The write coalescer's own defaults (`WriteConfig::default`), sized for ClickHouse parts.
+/// `SHEAF_LOG_WRITE_MAX_RECORDS`.
+pub const LOG_WRITE_MAX_RECORDS: Setting = setting(
+    "SHEAF_LOG_WRITE_MAX_RECORDS",
+    Some("10000"),
+    Kind::Integer {
+        min: 1,
+        max: 1_000_000,
+    },
+    "Most events and attempts in one log store write.",
+);
+/// `SHEAF_LOG_WRITE_MAX_BYTES`.
+pub const LOG_WRITE_MAX_BYTES: Setting = setting(
+    "SHEAF_LOG_WRITE_MAX_BYTES",
+    Some("16777216"),
+    Kind::Integer {
+        min: 1024,
+        max: 1 << 30,
+    },
+    "Most bytes (JSON size of the records) in one log store write.",
+);
+// 0, as in `WriteConfig::default`: a wait is publish latency, so it is the operator's decision;
+// a second or two suits a hot ClickHouse table (docs/benchmarks.md, `parts`).
+/// `SHEAF_LOG_WRITE_MAX_WAIT_MS`.
+pub const LOG_WRITE_MAX_WAIT_MS: Setting = setting(
+    "SHEAF_LOG_WRITE_MAX_WAIT_MS",
+    Some("0"),
+    Kind::Integer {
+        min: 0,
+        max: 10_000,
+    },
+    "How long an under-filled log write waits for more records once nothing else is queued; 0 writes at once.",
+);
+// Webhook payloads are small JSON documents; 1 MiB is generous and bounds a request's memory.
+/// `SHEAF_MAX_BODY_BYTES`.
+pub const MAX_BODY_BYTES: Setting = setting(
+    "SHEAF_MAX_BODY_BYTES",
+    Some("1048576"),
+    Kind::Integer {
+        min: 1024,
+        max: 100 << 20,
+    },
+    "Largest accepted request body; larger ones get 413.",
+);
+/// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
+pub const ALLOW_PRIVATE_DESTINATIONS: Setting = setting(
+    "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
+    Some("false"),
+    Kind::Bool,
+    "Allow destination URLs whose host is or resolves to a loopback, private, link-local, unspecified or otherwise non-public address. `false` checks the URL when a destination is created or changed, and again at every delivery's connection (the resolved addresses, so a name that later resolves inside the network is refused); deliveries then use no HTTP proxy.",
+);
+/// `SHEAF_SECRETS_KEY`.
+pub const SECRETS_KEY: Setting = setting(
+    "SHEAF_SECRETS_KEY",
+    None,
+    Kind::Text("standard base64 of exactly 32 bytes (`head -c 32 /dev/urandom | base64`)"),
+    "Key that encrypts destination signing secrets at rest (AES-256-GCM), in every entity store: rows hold `enc:v1:…`, never the secret. Secrets stored before it was set still read, and new and rotated secrets are encrypted. Unset: secrets are stored as they are, and the log warns at start when they live in Postgres. Losing it makes every encrypted secret unreadable; rotating it is not supported yet (`docs/security.md`).",
+);
+// A day gives receivers time to deploy the new secret.
+/// `SHEAF_SECRET_ROTATION_GRACE`.
+pub const SECRET_ROTATION_GRACE: Setting = setting(
+    "SHEAF_SECRET_ROTATION_GRACE",
+    Some("24h"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: Duration::from_secs(30 * 86_400),
+    },
+    "How long a rotated-out signing secret keeps signing deliveries next to the new one.",
+);
+// Destinations change rarely; 5 s bounds how long another process keeps delivering to an old
+// URL while costing each process one read per tenant every 5 s.
+/// `SHEAF_ENTITY_CACHE_TTL`.
+pub const ENTITY_CACHE_TTL: Setting = setting(
+    "SHEAF_ENTITY_CACHE_TTL",
+    Some("5s"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: Duration::from_secs(600),
+    },
+    "How long tenants and destinations stay cached; changes made through this process apply at once, changes made through another process within this time.",
+);
+// Longer than the 15 s delivery timeout, so an in-flight delivery normally finishes; well
+// under the usual 30 s a supervisor waits before SIGKILL.
+/// `SHEAF_SHUTDOWN_TIMEOUT`.
+pub const SHUTDOWN_TIMEOUT: Setting = setting(
+    "SHEAF_SHUTDOWN_TIMEOUT",
+    Some("20s"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: Duration::from_secs(600),
+    },
+    "On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish before they are abandoned (their jobs come back when their lease ends).",
+);
+/// `SHEAF_CDC_ENABLED`.
+pub const CDC_ENABLED: Setting = setting(
+    "SHEAF_CDC_ENABLED",
+    Some("false"),
+    Kind::Bool,
+    "Run the CDC source: every committed change of the published tables in the application's Postgres becomes an event (topic `<schema>.<table>.<insert|update|delete|truncate>`), published like any other and acknowledged to the replication slot only once durable.",
+);
+/// `SHEAF_CDC_POSTGRES_URL`.
+pub const CDC_POSTGRES_URL: Setting = setting(
+    "SHEAF_CDC_POSTGRES_URL",
+    None,
+    Kind::Text("`postgres://user:password@host:port/database`"),
+    "The application's database, read through logical replication (may differ from `SHEAF_POSTGRES_URL`); required when the CDC source is enabled. The role needs `LOGIN REPLICATION`, and to create the publication it must own the tables. Plain TCP with SCRAM or password authentication; query parameters are ignored.",
+);
+/// `SHEAF_CDC_SLOT`.
+pub const CDC_SLOT: Setting = setting(
+    "SHEAF_CDC_SLOT",
+    Some("sheaf_cdc"),
+    Kind::Text("1 to 63 lower-case letters, digits and `_`"),
+    "The logical replication slot (plugin `pgoutput`); a restart resumes from its confirmed position. Postgres lets one connection read a slot at a time: other processes given the same slot keep trying (every 30 s at most) and take over when it is free. Event ids start with `cdc-<slot>-`.",
+);
+/// `SHEAF_CDC_PUBLICATION`.
+pub const CDC_PUBLICATION: Setting = setting(
+    "SHEAF_CDC_PUBLICATION",
+    Some("sheaf_cdc"),
+    Kind::Text("a non-empty name"),
+    "The publication whose tables are read.",
+);
+/// `SHEAF_CDC_CREATE_MISSING`.
+pub const CDC_CREATE_MISSING: Setting = with_rule(
+    setting(
+        "SHEAF_CDC_CREATE_MISSING",
+        Some("false"),
+        Kind::Bool,
+        "`false`: the slot and the publication must exist (a missing one is reported and retried). `true`: create what is missing, the publication `FOR TABLE` the tables named in `SHEAF_CDC_TENANTS`.",
+    ),
+    "`true` needs `SHEAF_CDC_TENANTS` to name tables",
+);
+/// `SHEAF_CDC_TENANTS`.
+pub const CDC_TENANTS: Setting = setting(
+    "SHEAF_CDC_TENANTS",
+    None,
+    Kind::Text("a tenant id, or `schema.table=tenant,…[,*=tenant]`"),
+    "Which tables feed which tenant: one tenant id for every published table (`acme`), or a comma-separated map `schema.table=tenant`, optionally with `*=tenant` for every other table. Changes of tables the map does not cover are dropped and still acknowledged; `*` never covers the tables in `SHEAF_POSTGRES_SCHEMA`. Required when the CDC source is enabled; the tenants must exist (until one does, its changes wait and are retried).",
+);
+// Off by default, as in sheaf-cdc: a multi-row message changes the unit of failure (one failed
+// write fails the whole transaction's events).
+/// `SHEAF_CDC_BATCH_TRANSACTIONS`.
+pub const CDC_BATCH_TRANSACTIONS: Setting = setting(
+    "SHEAF_CDC_BATCH_TRANSACTIONS",
+    Some("false"),
+    Kind::Bool,
+    "Publish each replicated transaction as one batch (one log write, one enqueue, one acknowledgement) instead of one message per row. It changes the unit of failure: a failed publish retries the whole transaction's events. Transactions over the row cap (`SHEAF_CDC_CHECKPOINT_LIMIT` / 2, at most 1000) or 4 MiB of WAL still arrive in several batches. Cannot be combined with `SHEAF_CDC_BATCH_SIZE`.",
+);
+/// `SHEAF_CDC_BATCH_SIZE`.
+pub const CDC_BATCH_SIZE: Setting = setting(
+    "SHEAF_CDC_BATCH_SIZE",
+    Some("0"),
+    Kind::Integer {
+        min: 0,
+        max: 10_000,
+    },
+    "A batching policy instead: publish up to this many rows (possibly of several transactions) as one batch, waiting at most `SHEAF_CDC_BATCH_WAIT` for them; 0 = no policy (one row per message, or one transaction with `SHEAF_CDC_BATCH_TRANSACTIONS`).",
+);
+/// `SHEAF_CDC_BATCH_WAIT`.
+pub const CDC_BATCH_WAIT: Setting = setting(
+    "SHEAF_CDC_BATCH_WAIT",
+    Some("20ms"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: Duration::from_secs(10),
+    },
+    "Longest wait for more rows once a policy batch (`SHEAF_CDC_BATCH_SIZE`) has its first.",
+);
+// sheaf-cdc's own default: reader batches then hold at most 512 rows, half of it.
+/// `SHEAF_CDC_CHECKPOINT_LIMIT`.
+pub const CDC_CHECKPOINT_LIMIT: Setting = setting(
+    "SHEAF_CDC_CHECKPOINT_LIMIT",
+    Some("1024"),
+    Kind::Integer {
+        min: 1,
+        max: 1_000_000,
+    },
+    "Most rows read from the slot and not yet acknowledged; the reader waits beyond it. Reader batches hold at most half of it (and at most 1000 rows).",
+);
+// Each message's publish waits on the log write and the enqueue; a few in flight let the log
+// write coalescer and the event lookup coalescer gather them, while the checkpoint limit still
+// bounds the rows held.
+/// `SHEAF_CDC_MAX_IN_FLIGHT`.
+pub const CDC_MAX_IN_FLIGHT: Setting = setting(
+    "SHEAF_CDC_MAX_IN_FLIGHT",
+    Some("16"),
+    Kind::Integer { min: 1, max: 1024 },
+    "Messages from the slot being published at once; each is acknowledged on its own once durable, and the slot advances over the acknowledged prefix only. 1 publishes strictly one after another.",
+);
+/// `SHEAF_CDC_HEARTBEAT_INTERVAL`.
+pub const CDC_HEARTBEAT_INTERVAL: Setting = setting(
+    "SHEAF_CDC_HEARTBEAT_INTERVAL",
+    Some("0s"),
+    Kind::DurationOrOff {
+        min: SECOND,
+        max: HOUR,
+    },
+    "When above 0, a logical decoding message is written to the application's database on this interval, so the slot keeps advancing when the published tables are idle; 0s = off (keepalives already advance it when other databases write WAL).",
+);
+/// `SHEAF_LOG`.
+pub const LOG: Setting = setting(
+    "SHEAF_LOG",
+    Some("info"),
+    Kind::Text("e.g. `info`, `sheaf_server=debug,info`"),
+    "Log filter for the service's own log lines (tracing `EnvFilter` syntax).",
+);
+
+/// Every setting the service reads, in the order `--help` and the docs list them.
+pub const SETTINGS: &[Setting] = &[
+    CONFIG_FILE,
+    LISTEN,
+    API_KEY,
+    TOKEN_SIGNING_KEY,
+    TOKEN_MAX_TTL,
+    LOG_STORE,
+    QUEUE,
+    POSTGRES_URL,
+    CLICKHOUSE_URL,
+    POSTGRES_SCHEMA,
+    CLICKHOUSE_DATABASE,
+    RETRY_SCHEDULE,
+    RETRY_MAX_ATTEMPTS,
+    RETRY_JITTER_PERCENT,
+    RETRY_NOT_READY_DELAY,
+    RETRY_AFTER_MAX,
+    RETRY_LOOKUP_BATCH_SIZE,
+    RETRY_LOOKUP_BATCH_WAIT_MS,
+    RETRY_LOOKUP_ADAPTIVE,
+    EVENT_LOOKUP_BATCH_SIZE,
+    FRESH_EVENT_CACHE,
+    DELIVERY_WORKERS,
+    DELIVERY_TIMEOUT,
+    QUEUE_LEASE,
+    QUEUE_POLL_INTERVAL,
+    COMPLETER_FLUSH_INTERVAL,
+    COMPLETER_MAX_BATCH,
+    LOG_WRITE_MAX_RECORDS,
+    LOG_WRITE_MAX_BYTES,
+    LOG_WRITE_MAX_WAIT_MS,
+    MAX_BODY_BYTES,
+    ALLOW_PRIVATE_DESTINATIONS,
+    SECRETS_KEY,
+    SECRET_ROTATION_GRACE,
+    ENTITY_CACHE_TTL,
+    SHUTDOWN_TIMEOUT,
+    CDC_ENABLED,
+    CDC_POSTGRES_URL,
+    CDC_SLOT,
+    CDC_PUBLICATION,
+    CDC_CREATE_MISSING,
+    CDC_TENANTS,
+    CDC_BATCH_TRANSACTIONS,
+    CDC_BATCH_SIZE,
+    CDC_BATCH_WAIT,
+    CDC_CHECKPOINT_LIMIT,
+    CDC_MAX_IN_FLIGHT,
+    CDC_HEARTBEAT_INTERVAL,
+    LOG,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_default_is_valid_for_its_kind() {
+        for s in SETTINGS {
+            if let Some(default) = s.default {
+                super::super::values::check_kind(s, default)
+                    .unwrap_or_else(|e| panic!("{}'s default {default:?}: {e}", s.name));
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        assert!(names.iter().all(|n| n.starts_with("SHEAF_")));
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len(), "a setting is listed twice");
+    }
+
+    #[test]
+    fn kinds_describe_their_bounds() {
+        assert_eq!(RETRY_MAX_ATTEMPTS.valid(), "1..=100");
+        assert_eq!(TOKEN_MAX_TTL.valid(), "a duration, 1m..365d");
+        assert_eq!(
+            DELIVERY_TIMEOUT.valid(),
+            "a duration, 100ms..10m; shorter than `SHEAF_QUEUE_LEASE`"
+        );
+        assert_eq!(LOG_STORE.valid(), "`memory`, `postgres`, `clickhouse`");
+        assert_eq!(CDC_HEARTBEAT_INTERVAL.valid(), "`0s`, or a duration 1s..1h");
+    }
+}

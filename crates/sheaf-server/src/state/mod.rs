@@ -1,0 +1,23 @@
+//! What one `sheaf` process shares between its API, its ingest paths and its delivery engine,
+//! built once at start ([`Core`]).
+//!
+//! - [`stores`]: which backends run (memory by default; Postgres, ClickHouse by configuration).
+//! - [`log_access`]: every path to the log store, coalesced: the write coalescer, the event
+//!   reads and the retries' latest-attempt lookups.
+//! - [`entities`]: tenants and destinations, cached per tenant.
+//! - [`secrets`]: destination secrets sealed at rest, at the entity store's boundary.
+//! - [`jobs`]: how delivery job ids are derived, and how a manual retry's job is told apart.
+//! - [`metrics`]: the counters and the Prometheus page.
+//! - [`backoff`]: the one rule for waiting between tries of a failed call.
+
+pub mod backoff;
+pub mod entities;
+pub mod jobs;
+pub mod log_access;
+pub mod metrics;
+pub mod secrets;
+mod shared;
+pub mod stores;
+
+pub use shared::Core;
+pub use stores::{Migrate, Stores};
