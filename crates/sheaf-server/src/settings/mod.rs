@@ -256,7 +256,8 @@ impl Config {
 }
 
 /// The adaptive event lookup's bound on gathering; it only gathers while a read is in flight,
-/// so this is reached only under load.
+/// so this is reached only under load. Shorter than `LookupConfig::default()`'s 50 ms, which
+/// suits the fixed mode of retries: a first delivery's wait is publish-to-delivery latency.
 const EVENT_LOOKUP_MAX_WAIT: Duration = Duration::from_millis(20);
 
 fn parse_listen(values: &Values) -> Result<SocketAddr, ConfigError> {

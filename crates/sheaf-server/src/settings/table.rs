@@ -6,6 +6,9 @@
 //! (`cargo xtask codegen`) all render it from the same value.
 //!
 //! Comments above a setting give the why of its default.
+//!
+//! Longer than 600 lines because it is the table: one entry per setting, each with its reason,
+//! and a reader looking for a setting wants them all in one place.
 
 use std::time::Duration;
 
