@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clickhouse::Client;
+use sheaf_testenv::clickhouse::drop_database_blocking;
 
 /// A database used by one run, dropped when this guard is dropped.
 #[derive(Debug)]
@@ -56,29 +57,10 @@ impl ChDb {
 
 impl Drop for ChDb {
     fn drop(&mut self) {
-        // Drop may run inside the scenario's runtime, which cannot be blocked on: a thread with
-        // a runtime of its own does the cleanup.
-        let (url, database) = (self.url.clone(), self.database.clone());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async {
-                let drop = Client::default()
-                    .with_url(url)
-                    .query_raw(&format!("DROP DATABASE IF EXISTS {database} SYNC"))
-                    .execute();
-                tokio::time::timeout(Duration::from_secs(120), drop)
-                    .await
-                    .ok()?
-                    .ok()
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Some(()))) {
+        let dropped = drop_database_blocking(&self.url, &self.database, Duration::from_secs(120));
+        if let Err(why) = dropped {
             eprintln!(
-                "sheaf-bench: could not drop clickhouse database {}",
+                "sheaf-bench: could not drop clickhouse database {}: {why}",
                 self.database
             );
         }

@@ -1,11 +1,13 @@
 //! Publishing load for the service scenarios: a given number of events, either as fast as a fixed
 //! number of concurrent publishers can (saturation) or at a fixed rate (steady), each publish's
-//! start time recorded on the bench's clock for publish-to-delivery latency.
+//! start time recorded on the bench's clock, and each event's first delivery read back from the
+//! receiver on the same clock, for publish-to-delivery latency.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sheaf_testenv::receiver::Receiver;
 use tokio::sync::Semaphore;
 
 use crate::progress::Progress;
@@ -114,4 +116,24 @@ pub fn latencies(
         }
     }
     (out, last)
+}
+
+/// When each event (by the `seq` in its JSON body) was first answered 2xx by `receiver`, in
+/// microseconds after `base`: the time its request arrived, on the bench process's clock, so
+/// publish-to-delivery latency needs no clock but one.
+pub fn delivered_at(receiver: &Receiver, base: Instant) -> std::collections::HashMap<u64, u64> {
+    let mut first = std::collections::HashMap::new();
+    for delivery in receiver.deliveries().iter().filter(|d| d.status == 200) {
+        let seq = serde_json::from_slice::<serde_json::Value>(&delivery.body)
+            .ok()
+            .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64));
+        if let Some(seq) = seq {
+            let micros = delivery.arrived.duration_since(base).as_micros() as u64;
+            first
+                .entry(seq)
+                .and_modify(|at: &mut u64| *at = (*at).min(micros))
+                .or_insert(micros);
+        }
+    }
+    first
 }

@@ -1,5 +1,6 @@
-//! `sheaf-bench <scenario>|all [--quick] [--out DIR]`: the seeds' experiments, reproduced on the
-//! real servers with Sheaf and the design it replaces side by side in one run.
+//! `sheaf-bench <scenario>|all [--quick] [--out DIR]`: the experiments Sheaf's coalescing comes
+//! from (docs/benchmarks.md), reproduced on the real servers with Sheaf and the design it
+//! replaces side by side in one run.
 //!
 //! Run it through `cargo xtask bench`, which starts Postgres and ClickHouse and passes their URLs
 //! in `SHEAF_TEST_POSTGRES_URL` and `SHEAF_TEST_CLICKHOUSE_URL` (and the `sheaf` binary in
@@ -15,7 +16,6 @@ mod pg;
 mod plot;
 mod proc;
 mod progress;
-mod receiver;
 mod report;
 mod scenarios;
 mod sheaf;
@@ -30,12 +30,12 @@ const USAGE: &str = "\
 usage: sheaf-bench <scenario>|all [--quick] [--out DIR]
 
 scenarios:
-  lookup     latest-attempt lookups: server CPU, bytes and lookups/s per key, single vs batched, two ClickHouse layouts and Postgres (seed 000)
-  parts      ClickHouse parts from 10 writers: write coalescer waits of 0, 500 ms, 2 s and server-side async_insert (seed 001)
-  queue      100,000 no-op jobs on Postgres: Sheaf's leased queue vs savepoints, 1/4/16 workers (seed 002)
+  lookup     latest-attempt lookups: server CPU, bytes and lookups/s per key, single vs batched, two ClickHouse layouts and Postgres
+  parts      ClickHouse parts from 10 writers: write coalescer waits of 0, 500 ms, 2 s and server-side async_insert
+  queue      100,000 no-op jobs on Postgres: Sheaf's leased queue vs savepoints, 1/4/16 workers
   delivery   publish to a local receiver through `sheaf`: events/s and latency, memory vs Postgres + ClickHouse
-  burst      seed 000's failing-webhook burst through `sheaf`: lookup batching off, fixed, adaptive
-  cdc        Postgres inserts to changes through the CDC reader: row per message vs batch_transactions (seed 004)
+  burst      the retry-lookup experiment's failing-webhook burst through `sheaf`: lookup batching off, fixed, adaptive
+  cdc        Postgres inserts to changes through the CDC reader: row per message vs batch_transactions
 
 environment: SHEAF_TEST_POSTGRES_URL, SHEAF_TEST_CLICKHOUSE_URL, SHEAF_BENCH_SHEAF_BIN (set by `cargo xtask bench`)
 ";

@@ -1,18 +1,8 @@
-//! Memory of processes, from `/proc/<pid>/status`: the peak resident set (`VmHWM`) the issue
-//! asks every scenario to report, and the current one (`VmRSS`) for growth per item.
+//! Memory of processes, from `/proc/<pid>/status`: the peak resident set (`VmHWM`) every
+//! scenario reports (docs/benchmarks.md, "How things are measured"), and the current one
+//! (`VmRSS`) for growth per item.
 
-/// A `kB` field of `/proc/<pid>/status` (`/proc/self/status` for `None`), in KiB.
-pub fn status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
-    let path = match pid {
-        Some(pid) => format!("/proc/{pid}/status"),
-        None => "/proc/self/status".to_owned(),
-    };
-    let status = std::fs::read_to_string(path).ok()?;
-    status.lines().find_map(|line| {
-        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
+use sheaf_testenv::process::status_kib;
 
 /// Peak resident set of a process in KiB (`VmHWM`).
 pub fn peak_rss_kib(pid: Option<u32>) -> Option<u64> {

@@ -1,4 +1,4 @@
-//! What a scenario hands back: its tables, the issue's targets met or missed, the peak memory of
+//! What a scenario hands back: its tables, its targets met or missed, the peak memory of
 //! each Sheaf process, the raw figures, and a figure to plot. Printed as Markdown (so a table can
 //! go into `docs/benchmarks.md` as is) and written as `<scenario>.json` and `<scenario>.svg`.
 
@@ -43,7 +43,7 @@ impl Table {
     }
 }
 
-/// One target of the issue, and what this run measured for it.
+/// One target (docs/benchmarks.md, "Targets at a glance"), and what this run measured for it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
     pub what: String,

@@ -11,37 +11,22 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use sheaf_cdc::encode::{self, ColumnSpec};
+use sheaf_testenv::pgoutput::{self as pgoutput_fixture, Column, type_oid};
 use sheaf_cdc::pgoutput::{self, PgOutputMessage};
 use sheaf_cdc::{ChangeDecoder, Lsn};
 
 fuzz_target!(|data: &[u8]| {
     let mut decoder = ChangeDecoder::new();
     let mut out = Vec::new();
-    let relation = encode::relation(
+    let relation = pgoutput_fixture::relation(
         16_384,
         "public",
         "fuzz",
         b'd',
         &[
-            ColumnSpec {
-                key: true,
-                name: "id",
-                type_oid: 20,
-                type_modifier: -1,
-            },
-            ColumnSpec {
-                key: false,
-                name: "doc",
-                type_oid: 3802,
-                type_modifier: -1,
-            },
-            ColumnSpec {
-                key: false,
-                name: "amount",
-                type_oid: 1700,
-                type_modifier: -1,
-            },
+            Column::key("id", type_oid::INT8),
+            Column::value("doc", type_oid::JSONB),
+            Column::value("amount", type_oid::NUMERIC),
         ],
     );
     let _ = decoder.decode(Lsn::ZERO, &Bytes::from(relation), &mut out);

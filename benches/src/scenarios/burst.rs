@@ -1,12 +1,14 @@
-//! `burst`: seed 000's experiment scaled to this machine, through a real `sheaf serve` process on
-//! ClickHouse (log) and Postgres (queue, tenants).
+//! `burst`: the retry-lookup experiment (docs/benchmarks.md, "`burst`", with its earlier
+//! measurements) scaled to this machine, through a real `sheaf serve` process on ClickHouse
+//! (log) and Postgres (queue, tenants).
 //!
 //! Events are published at a steady rate for 60 s (full size) to one webhook that answers 503
-//! for the first 20 s and 200 after, with a retry schedule of 1 s, 5 s, 15 s, 30 s (the seed's
-//! climb, compressed so every retry lands within the run). The run is repeated with a fresh
-//! process, schema and database for each retry-lookup setting: coalescing off
+//! for the first 20 s and 200 after, with a retry schedule of 1 s, 5 s, 15 s, 30 s (the original
+//! experiment's climb, compressed so every retry lands within the run). The run is repeated with
+//! a fresh process, schema and database for each retry-lookup setting: coalescing off
 //! (`SHEAF_RETRY_LOOKUP_BATCH_SIZE=0`, one query per retry), a fixed batch of 50 with a 50 ms wait
-//! (the seed's setting), and adaptive (batch of 50, no wait while no lookup is in flight).
+//! (the original experiment's setting), and adaptive (batch of 50, no wait while no lookup is in
+//! flight).
 //!
 //! Lookup queries, keys and retries come from the process's `/metrics`; ClickHouse CPU is the
 //! `ProfileEvents` user + system time of every query the process sent (its own database in
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
+use sheaf_testenv::receiver::Receiver;
 
 use crate::ch::{self, ChDb};
 use crate::context::Ctx;
@@ -25,9 +28,8 @@ use crate::load::{self, Pace};
 use crate::pg::PgSchema;
 use crate::plot::{Figure, Panel};
 use crate::progress::Progress;
-use crate::receiver::Receiver;
 use crate::report::{self, PeakRss, Report, Table};
-use crate::sheaf::{SheafProcess, metric};
+use crate::sheaf::{Sheaf, metric};
 
 const QUESTION: &str = "When a webhook fails for the first 20 s of a 60 s publishing run, how many \
     latest-attempt queries do the retries cost ClickHouse, and how much CPU, with lookup \
@@ -132,7 +134,7 @@ async fn run_variant(
     variant: Variant,
 ) -> anyhow::Result<Measured> {
     let base = Instant::now();
-    let receiver = Receiver::start(base).await?;
+    let receiver = Receiver::start().await?;
     let schema = PgSchema::new(ctx.postgres()?, "bench_burst");
     let db = ChDb::new(ctx.clickhouse()?, "bench_burst");
     let mut env = vec![
@@ -149,7 +151,7 @@ async fn run_variant(
         .out_dir
         .join("logs")
         .join(format!("burst-{variant:?}.log").to_lowercase());
-    let sheaf = SheafProcess::start(bin, &env, &log).await?;
+    let sheaf = Sheaf::start(bin, &env, &log).await?;
     sheaf.add_destination("bench", &receiver.url()).await?;
     let publisher = sheaf.publisher("bench");
     let pad = Arc::new("x".repeat(PAD_BYTES));
@@ -177,13 +179,14 @@ async fn run_variant(
     progress.finish();
     let accepted = count - (sent.refused + sent.errors) as usize;
     receiver
-        .wait_for(accepted, Duration::from_secs(sizes.drain_limit_s))
+        .wait_for_count(accepted, Duration::from_secs(sizes.drain_limit_s))
         .await;
     let run_seconds = started.elapsed().as_secs_f64();
     let page = sheaf.metrics().await?;
     let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     sheaf.stop().await?;
     let (webhook_requests, webhook_503s) = receiver.requests();
+    let (webhook_requests, webhook_503s) = (webhook_requests as u64, webhook_503s as u64);
 
     // Every query this process sent to ClickHouse ran in its own database.
     let client = db.client();
@@ -224,7 +227,7 @@ async fn run_variant(
     Ok(Measured {
         variant,
         published: accepted,
-        delivered: receiver.delivered(),
+        delivered: receiver.delivered_count(),
         webhook_requests,
         webhook_503s,
         retries: metric(&page, "sheaf_retries_total", ""),
@@ -304,7 +307,8 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
     );
     report.note(
         "Everything (publisher, receiver, sheaf, Postgres, ClickHouse) shares 2 cores, so the \
-         rate is a third of the seed's 300 events/s on three 2-CPU instances and a 3-vCPU server.",
+         rate is a third of the original experiment's 300 events/s on three 2-CPU instances and a \
+         3-vCPU server.",
     );
     report.figure = Some(
         Figure::new("burst: ClickHouse CPU spent on the sheaf process's queries").panel(

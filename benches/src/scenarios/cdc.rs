@@ -1,9 +1,10 @@
 //! `cdc`: how fast rows inserted into Postgres come out of Sheaf's CDC reader as events ready to
-//! publish, one row per message against `batch_transactions` (seed 004), and how much the reader
-//! buffers when its consumer stalls.
+//! publish, one row per message against `batch_transactions` (the per-transaction batching
+//! experiment: docs/benchmarks.md, "`cdc`", with its earlier measurements), and how much the
+//! reader buffers when its consumer stalls.
 //!
-//! Rows are inserted first (full size: 200,000 rows of ~1.2 KB in transactions of 100, seed 004's
-//! shape) while two replication slots hold the WAL; then each slot is read by `CdcSource` (the
+//! Rows are inserted first (full size: 200,000 rows of ~1.2 KB in transactions of 100, the shape
+//! of that experiment's reader benchmark) while two replication slots hold the WAL; then each slot is read by `CdcSource` (the
 //! real transport, `pgwire-replication`, and Sheaf's decoder) with one of the two output shapes,
 //! and every change is turned into what a publish needs (topic, event id, JSON) and acknowledged.
 //! Throughput is rows and bytes from the first `recv` to the last row.
@@ -25,13 +26,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use serde::Serialize;
 use sheaf_cdc::{CdcConfig, CdcSource, ConnectionConfig, StreamOptions};
+use sheaf_testenv::postgres::drop_replication_slot;
 
 use crate::context::Ctx;
 use crate::pg::{self, PgSchema};
 use crate::plot::{Bar, Figure, Panel};
 use crate::progress::Progress;
 use crate::report::{self, PeakRss, Report, Table};
-use crate::sheaf::{SheafProcess, metric};
+use crate::sheaf::{Sheaf, metric};
 
 const QUESTION: &str = "How many rows and megabytes per second go from Postgres inserts to events \
     ready to publish through Sheaf's CDC reader, one row per message against whole transactions \
@@ -92,26 +94,17 @@ impl Drop for ReplicationObjects {
                 .enable_all()
                 .build()?;
             runtime.block_on(async {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&url)
+                    .await?;
                 for slot in &slots {
-                    // A slot is busy for a moment after its stream stops: retry, bounded.
-                    let mut dropped = false;
-                    for _ in 0..20 {
-                        let result = pg::execute(
-                            &url,
-                            &format!(
-                                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                                 WHERE slot_name = '{slot}'"
-                            ),
-                        )
-                        .await;
-                        if result.is_ok() {
-                            dropped = true;
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
+                    // A slot is busy for a moment after its stream stops: retried, bounded.
+                    let dropped =
+                        drop_replication_slot(&pool, slot, Duration::from_secs(10)).await?;
                     anyhow::ensure!(dropped, "slot {slot} could not be dropped");
                 }
+                pool.close().await;
                 for publication in &publications {
                     pg::execute(&url, &format!("DROP PUBLICATION IF EXISTS {publication}")).await?;
                 }
@@ -351,7 +344,7 @@ async fn through_sheaf(
         "cdc-sheaf-{}.log",
         if batch { "txns" } else { "rows" }
     ));
-    let sheaf = SheafProcess::start(bin, &env, &log).await?;
+    let sheaf = Sheaf::start(bin, &env, &log).await?;
     sheaf.add_tenant("bench").await?;
     let started = Instant::now();
     let progress = Progress::new(format!("cdc: sheaf, {shape}"), rows);

@@ -5,7 +5,8 @@
 //! Per backend, after a warm-up: a **saturation** phase publishes a fixed number of events from
 //! 32 concurrent publishers and measures from the first publish to the last delivery; a **steady**
 //! phase publishes at 2,000 events/s (full size) and measures latency and the process's peak RSS,
-//! the issue's memory target for Postgres + ClickHouse. On the memory backend the growth of the
+//! the memory target for Postgres + ClickHouse (docs/benchmarks.md, "Targets at a glance"). On the
+//! memory backend the growth of the
 //! resident set over the saturation phase, divided by its events (all retained: fewer than the
 //! 25,000-event retention), less the payload, is the overhead per retained event.
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
+use sheaf_testenv::receiver::Receiver;
 
 use crate::ch::ChDb;
 use crate::context::Ctx;
@@ -21,9 +23,8 @@ use crate::load::{self, Pace};
 use crate::pg::PgSchema;
 use crate::plot::{Bar, Figure, Panel};
 use crate::progress::Progress;
-use crate::receiver::Receiver;
 use crate::report::{self, PeakRss, Report, Table};
-use crate::sheaf::SheafProcess;
+use crate::sheaf::Sheaf;
 
 const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
     to a 2xx at a local receiver, with what latency and memory, on the memory backends and on \
@@ -109,7 +110,7 @@ async fn run_backend(
     backend: Backend,
 ) -> anyhow::Result<Measured> {
     let base = Instant::now();
-    let receiver = Receiver::start(base).await?;
+    let receiver = Receiver::start().await?;
     let mut env = Vec::new();
     let mut guards = (None, None);
     if backend == Backend::PostgresClickHouse {
@@ -127,7 +128,7 @@ async fn run_backend(
         .out_dir
         .join("logs")
         .join(format!("delivery-{backend:?}.log").to_lowercase());
-    let sheaf = SheafProcess::start(bin, &env, &log).await?;
+    let sheaf = Sheaf::start(bin, &env, &log).await?;
     sheaf.add_destination("bench", &receiver.url()).await?;
     let publisher = sheaf.publisher("bench");
     let pad = Arc::new("x".repeat(PAD_BYTES));
@@ -153,7 +154,9 @@ async fn run_backend(
     )
     .await;
     let warm_ok = sizes.warmup - (warm.refused + warm.errors) as usize;
-    receiver.wait_for(warm_ok, Duration::from_secs(60)).await;
+    receiver
+        .wait_for_count(warm_ok, Duration::from_secs(60))
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_before_kib = sheaf.rss_kib().unwrap_or(0);
 
@@ -170,8 +173,10 @@ async fn run_backend(
     )
     .await;
     let accepted = sizes.saturation_events - (sat.refused + sat.errors) as usize;
-    receiver.wait_for(accepted, Duration::from_secs(300)).await;
-    let saturation = phase(&sat, first, &receiver);
+    receiver
+        .wait_for_count(accepted, Duration::from_secs(300))
+        .await;
+    let saturation = phase(&sat, first, &receiver, base);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after_saturation_kib = sheaf.rss_kib().unwrap_or(0);
 
@@ -189,8 +194,10 @@ async fn run_backend(
     )
     .await;
     let accepted = steady_count - (steady_sent.refused + steady_sent.errors) as usize;
-    receiver.wait_for(accepted, Duration::from_secs(300)).await;
-    let steady = phase(&steady_sent, first, &receiver);
+    receiver
+        .wait_for_count(accepted, Duration::from_secs(300))
+        .await;
+    let steady = phase(&steady_sent, first, &receiver, base);
     progress.finish();
     let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     sheaf.stop().await?;
@@ -211,8 +218,8 @@ async fn run_backend(
     })
 }
 
-fn phase(sent: &load::Sent, first: u64, receiver: &Receiver) -> Phase {
-    let delivered_at = receiver.delivered_at();
+fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {
+    let delivered_at = load::delivered_at(receiver, base);
     let (lat, last) = load::latencies(sent, first, &delivered_at);
     let start = sent.started_micros.iter().copied().min().unwrap_or(0);
     let span = last.saturating_sub(start) as f64 / 1e6;

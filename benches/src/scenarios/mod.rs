@@ -1,4 +1,5 @@
-//! One module per scenario of issue 9, in the order they are run by `all`.
+//! One module per scenario (docs/benchmarks.md has a section for each), in the order they are
+//! run by `all`.
 
 mod burst;
 mod cdc;

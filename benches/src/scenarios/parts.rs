@@ -1,10 +1,13 @@
-//! `parts`: how many ClickHouse parts ten writers make on a month-partitioned table (seed 001).
+//! `parts`: how many ClickHouse parts ten writers make on a month-partitioned table, the
+//! write-wait experiment behind the write coalescer's `max_wait` (docs/benchmarks.md, "`parts`",
+//! with its earlier measurements).
 //!
 //! A source emits 300,000 attempts (full size) in time order over 24 months, in polls of 3,000
-//! rows every 60 ms (50,000 rows/s). Each poll is split by event id over ten writers (seed 001's
-//! key-aware routing), and each writer hands its share to its own `ClickHouseLogStore` (so each
-//! has its own `WriteCoalescer`, as each of the seed's workers had its own write path) without
-//! waiting for the write: hand-offs follow the source, writes follow the coalescer.
+//! rows every 60 ms (50,000 rows/s). Each poll is split by event id over ten writers (the
+//! key-aware routing that multiplied part creation there), and each writer hands its share to its
+//! own `ClickHouseLogStore` (so each has its own `WriteCoalescer`, as each worker of that
+//! experiment had its own write path) without waiting for the write: hand-offs follow the
+//! source, writes follow the coalescer.
 //!
 //! The same run is repeated in a fresh database per variant: the write coalescer's `max_wait`
 //! at 0, 500 ms and 2 s, and ClickHouse's own server-side buffering as a peer (`async_insert = 1`,

@@ -1,5 +1,6 @@
-//! `queue`: burning down no-op jobs on Postgres, Sheaf's queue against the design seed 002 moved
-//! away from, with 1, 4 and 16 workers, in the same run.
+//! `queue`: burning down no-op jobs on Postgres, Sheaf's lease queue against the savepoint
+//! design it replaces (docs/benchmarks.md, "`queue`", with its earlier measurements), with 1, 4
+//! and 16 workers, in the same run.
 //!
 //! - **Sheaf**: `PostgresJobQueue` driven the way the service's engine drives it: one dispatcher
 //!   claims (`UPDATE … FOR UPDATE SKIP LOCKED … RETURNING`, a lease, no transaction held) only
@@ -9,7 +10,8 @@
 //!   jobs (the service's `SHEAF_COMPLETER_*` defaults).
 //! - **Savepoints**: each worker, on its own connection, opens a transaction, claims 10 due jobs
 //!   with `SELECT … FOR UPDATE SKIP LOCKED`, and completes each inside its own `SAVEPOINT`
-//!   (`DELETE`, `RELEASE`), then commits: one MultiXact per job, as in seed 002.
+//!   (`DELETE`, `RELEASE`), then commits: one MultiXact per job, as in the production queue the
+//!   lease design comes from.
 //!
 //! Every run starts from the same 100,000 due jobs (full size) in a fresh table state
 //! (`TRUNCATE`, insert, `VACUUM ANALYZE`), in a schema of its own per design. Throughput is wall
@@ -36,9 +38,10 @@ use crate::report::{self, PeakRss, Report, Table};
 
 const QUESTION: &str = "How fast do 1, 4 and 16 workers burn down 100,000 no-op jobs on Postgres \
     with Sheaf's queue (leases, one claimer, batched completion) and with the savepoint design \
-    seed 002 moved away from, and which waits show up?";
+    it replaces, and which waits show up?";
 
-/// Jobs per claim in the savepoint design (BRIEF "Queue designs measured here": 10 per claim).
+/// Jobs per claim in the savepoint design: 10, as in the hand measurement of both designs
+/// (docs/benchmarks.md, "`queue`", earlier measurements).
 const SAVEPOINT_CLAIM: i64 = 10;
 /// The service's defaults for the completer (`SHEAF_COMPLETER_FLUSH_INTERVAL`, `…_MAX_BATCH`).
 const COMPLETER_INTERVAL: Duration = Duration::from_millis(5);

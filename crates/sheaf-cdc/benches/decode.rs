@@ -1,11 +1,12 @@
 //! Decode + batch throughput on a synthetic pgoutput stream of 1,200-byte rows, 100 rows
-//! per transaction (seed 004's benchmark shape), in one run:
+//! per transaction (the shape of the per-transaction batching experiment:
+//! docs/benchmarks.md, "cdc", earlier measurements), in one run:
 //!
 //! - `reader/*`: Sheaf's reader path (decoder, transaction batcher, acknowledgement
 //!   tracking, a channel of depth 4 to a consumer task that acknowledges every message)
 //!   against a one-row-per-send hand-off (the same decoder, a capacity-1 channel, one
-//!   row per send: the seed's "before"), on a two-worker runtime so reader and consumer
-//!   can overlap;
+//!   row per send: the reader before per-transaction batching), on a two-worker runtime
+//!   so reader and consumer can overlap;
 //! - `decode/*`: Sheaf's pgoutput decoder against `pg_walstream`'s parser on the same
 //!   bytes, message by message (`parse`), and with relation lookup into owned change
 //!   rows (`changes`).
@@ -18,9 +19,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use sheaf_cdc::encode::{self, ColumnSpec};
+use sheaf_cdc::encode;
 use sheaf_cdc::pgoutput::{self, PgOutputMessage, TupleValue};
 use sheaf_cdc::{ChangeDecoder, Lsn, StreamOptions, WalEvent, stream_pair};
+use sheaf_testenv::pgoutput::{self as pgoutput_fixture, Column, type_oid};
 use tokio::sync::mpsc;
 
 const ROW_BYTES: usize = 1200;
@@ -39,36 +41,16 @@ struct Stream {
 fn stream() -> Stream {
     let mut events = vec![WalEvent::Data {
         lsn: Lsn::ZERO,
-        data: encode::relation(
+        data: pgoutput_fixture::relation(
             RELATION,
             "public",
             "orders",
             b'd',
             &[
-                ColumnSpec {
-                    key: true,
-                    name: "id",
-                    type_oid: 20,
-                    type_modifier: -1,
-                },
-                ColumnSpec {
-                    key: false,
-                    name: "customer",
-                    type_oid: 25,
-                    type_modifier: -1,
-                },
-                ColumnSpec {
-                    key: false,
-                    name: "amount",
-                    type_oid: 1700,
-                    type_modifier: -1,
-                },
-                ColumnSpec {
-                    key: false,
-                    name: "payload",
-                    type_oid: 25,
-                    type_modifier: -1,
-                },
+                Column::key("id", type_oid::INT8),
+                Column::value("customer", type_oid::TEXT),
+                Column::value("amount", type_oid::NUMERIC),
+                Column::value("payload", type_oid::TEXT),
             ],
         )
         .into(),
@@ -157,7 +139,8 @@ async fn sheaf_reader(events: &[WalEvent], options: &StreamOptions) -> u64 {
     consumer.await.expect("consumer")
 }
 
-/// The seed's "before": the same decoder, one row per send on a capacity-1 channel.
+/// The reader before per-transaction batching: the same decoder, one row per send on a
+/// capacity-1 channel.
 async fn row_at_a_time(events: &[WalEvent]) -> u64 {
     let (tx, mut rx) = mpsc::channel(1);
     let consumer = tokio::spawn(async move {

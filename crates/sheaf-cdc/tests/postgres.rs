@@ -11,6 +11,7 @@ use sheaf_cdc::{
     CdcConfig, CdcMessage, CdcSource, CdcStream, Change, ConnectionConfig, Error, Lsn, Op,
     PublicationTables, RowFilter,
 };
+use sheaf_testenv::postgres::drop_replication_slot_or_report;
 use sqlx::PgPool;
 
 struct Pg {
@@ -106,36 +107,10 @@ impl Pg {
         }
     }
 
-    /// Drops the slot (once its walsender let go of it, at most 15 s), the publication
-    /// and the table. An abandoned slot would retain WAL forever.
+    /// Drops the slot (at most 15 s, see `drop_replication_slot`), the publication and the
+    /// table. An abandoned slot would retain WAL forever.
     async fn cleanup(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            let dropped = sqlx::query(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active",
-            )
-            .bind(&self.slot)
-            .execute(&self.pool)
-            .await;
-            let left: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
-            )
-            .bind(&self.slot)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or(1);
-            if left == 0 {
-                break;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                eprintln!(
-                    "could not drop replication slot {} (last error: {dropped:?})",
-                    self.slot
-                );
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        drop_replication_slot_or_report(&self.pool, &self.slot, Duration::from_secs(15)).await;
         let _ = sqlx::raw_sql(&format!("DROP PUBLICATION IF EXISTS {}", self.publication))
             .execute(&self.pool)
             .await;

@@ -1,7 +1,7 @@
 //! Helpers shared by the test modules: captured fixture bytes and synthetic streams.
 
 use bytes::Bytes;
-use sheaf_cdc::encode::{self, ColumnSpec};
+use sheaf_cdc::encode;
 use sheaf_cdc::pgoutput::TupleValue;
 use sheaf_cdc::{Lsn, WalEvent};
 
@@ -54,32 +54,9 @@ fn unhex(hex: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Relation 16_384, `public.items(id int8 key, payload text)`.
-pub const ITEMS: u32 = 16_384;
-
-/// The `Relation` message of [`ITEMS`].
-pub fn items_relation() -> Vec<u8> {
-    encode::relation(
-        ITEMS,
-        "public",
-        "items",
-        b'd',
-        &[
-            ColumnSpec {
-                key: true,
-                name: "id",
-                type_oid: 20,
-                type_modifier: -1,
-            },
-            ColumnSpec {
-                key: false,
-                name: "payload",
-                type_oid: 25,
-                type_modifier: -1,
-            },
-        ],
-    )
-}
+/// Relation 16_384, `public.items(id int8 key, payload text)`, and its `Relation` message: the
+/// table of the synthetic streams, shared with the other suites that build them.
+pub use sheaf_testenv::pgoutput::{ITEMS, items_relation};
 
 /// A synthetic transaction as pgoutput would send it: Begin, `rows` inserts into
 /// [`ITEMS`] with ids from `first_id` and `payload_len`-byte payloads, Commit. Row `i`

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use serde_json::{Value, json};
+use sheaf_testenv::process::status_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -143,14 +144,7 @@ impl Api {
 }
 
 /// One sample of a Prometheus page (`name` with its labels, as printed).
-pub fn metric(page: &str, name: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            (key == name).then(|| value.parse().ok())?
-        })
-}
+pub use sheaf_testenv::process::metric_sample as metric;
 
 /// The base URLs publishes go to; a scenario removes a process before it stops it and adds the
 /// one it starts.
@@ -452,15 +446,7 @@ impl RssSampler {
         let task = tokio::spawn(async move {
             let mut samples = Vec::new();
             while !*stopped.borrow() {
-                if let Some(kib) = std::fs::read_to_string(format!("/proc/{pid}/status"))
-                    .ok()
-                    .and_then(|s| {
-                        s.lines()
-                            .find(|l| l.starts_with("VmRSS:"))
-                            .and_then(|l| l.split_whitespace().nth(1))
-                            .and_then(|v| v.parse().ok())
-                    })
-                {
+                if let Some(kib) = status_kib(Some(pid), "VmRSS") {
                     samples.push((Instant::now(), kib));
                 }
                 tokio::select! {

@@ -1,7 +1,6 @@
 //! What every scenario runs with: the servers' URLs and the binaries xtask prepared, names no
 //! other run uses, the settings every `sheaf` gets, and the fault switches (`chaos-ctl`).
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -75,18 +74,6 @@ impl Ctx {
     /// A Postgres schema, ClickHouse database or slot name of this run for `what`.
     pub fn unique(&self, what: &str) -> String {
         format!("chaos_{what}_{}", self.run_id)
-    }
-
-    /// Appends a spawned `sheaf`'s PID to the file xtask reads after the run.
-    pub fn record_pid(&self, pid: u32) {
-        let path = self.dir.join("sheaf.pids");
-        if let Ok(mut file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(file, "{pid}");
-        }
     }
 
     /// Runs `chaos-ctl <args…>` (stop or start one of the fault suite's servers); returns how

@@ -1,4 +1,5 @@
-//! `sheaf-chaos [SCENARIO…|all] [--quick]`: Sheaf's fault suite (issue 10).
+//! `sheaf-chaos [SCENARIO…|all] [--quick]`: Sheaf's fault suite (docs/operations.md, "Faults, and
+//! what an operator sees" and "Running the fault suite").
 //!
 //! Each scenario starts real `sheaf serve` processes on the fault suite's own Postgres and
 //! ClickHouse (prepared by `cargo xtask chaos`, which is how this binary is meant to run),
@@ -23,7 +24,6 @@
 
 mod api;
 mod env;
-mod receiver;
 mod report;
 mod scenarios;
 mod sheaf;

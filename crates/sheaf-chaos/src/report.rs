@@ -1,4 +1,4 @@
-//! A scenario's result: the four figures issue 10 asks for (events published, delivered,
+//! A scenario's result: the four figures every fault is judged by (events published, delivered,
 //! duplicates, recovery time), the scenario's own observations, and the checks that failed.
 
 use std::collections::HashMap;

@@ -1,12 +1,15 @@
 //! What a lookup costs the server, read from `system.query_log`: 200,000 attempts with ~2 KB
 //! payloads over 30 days, looked up one key at a time and in batches of 10 and 100, in this
-//! crate's layout and, for comparison, in the seed's (ordered by `(attempt_time, attempt_id)`,
-//! default granularity) with the same queries. It asserts one generous bound (a 100-key batch
-//! reads at most 16 MiB) and prints the figures the crate documentation quotes.
+//! crate's layout and, for comparison, in the time-ordered baseline layout
+//! (`sheaf_testenv::clickhouse::time_ordered`: ordered by `(attempt_time, attempt_id)`, default
+//! granularity) with the same queries. It asserts one generous bound (a 100-key batch reads at
+//! most 16 MiB) and prints the figures the crate documentation quotes (docs/benchmarks.md,
+//! "`sheaf-clickhouse`'s cost test").
 
 use sheaf_store::{
     AttemptFilter, AttemptKey, DestinationId, EventId, LogStore, PageRequest, TenantId, Timestamp,
 };
+use sheaf_testenv::clickhouse::time_ordered;
 use sheaf_testenv::require_clickhouse;
 
 use crate::support::{QueryCost, TestDb, median, query_costs};
@@ -32,36 +35,8 @@ FROM
     FROM numbers(200000)
 )"#;
 
-/// The seed's layout: time-ordered, payload in the row, default granularity.
-const SEED_LAYOUT: &str = r"
-CREATE TABLE attempts_seed_layout AS attempts
-ENGINE = MergeTree
-PARTITION BY toYYYYMM(attempt_time)
-ORDER BY (attempt_time, attempt_id)";
-
-/// The store's single-key query, on the seed's layout.
-const SEED_SINGLE: &str = "SELECT * FROM attempts_seed_layout \
-    WHERE tenant_id = ? AND event_id = ? AND destination_id = ? \
-        AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
-    ORDER BY attempt_time DESC, toString(attempt_id) DESC LIMIT 1";
-
-/// The store's batched query, on the seed's layout (the shape seed 000 measured there).
-fn seed_batch(limit: usize) -> String {
-    format!(
-        "SELECT * FROM attempts_seed_layout \
-         WHERE (tenant_id, event_id, destination_id, attempt_time, attempt_id) IN ( \
-            SELECT tenant_id, event_id, destination_id, \
-                argMax(attempt_time, (attempt_time, toString(attempt_id))), \
-                argMax(attempt_id, (attempt_time, toString(attempt_id))) \
-            FROM attempts_seed_layout \
-            WHERE (tenant_id, event_id, destination_id) IN ? \
-                AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
-            GROUP BY tenant_id, event_id, destination_id) \
-         AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
-         ORDER BY attempt_time DESC LIMIT {limit} \
-         SETTINGS query_plan_max_limit_for_lazy_materialization = {limit}"
-    )
-}
+/// The baseline layout's name in the printed table and the queries' `log_comment`.
+const TIME_ORDERED: &str = "time-ordered";
 
 /// (name, keys per lookup, repetitions). 15 + 100 + 700 distinct keys, none asked twice, so
 /// no repetition is answered from a cache that an earlier one warmed for its keys.
@@ -71,9 +46,10 @@ const SHAPES: &[(&str, usize, usize)] = &[
     ("batch-100", 100, 7),
 ];
 
-/// The generous bound on one 100-key batch: seed 000 measured 2.6 MiB in its best shape, and
-/// this layout reads well under that; 16 MiB still fails the layouts and shapes that read
-/// payloads for whole granules (77–540 MiB in the seed, ~210 MB here for the time-ordered one).
+/// The generous bound on one 100-key batch: the retry-lookup experiment measured 2.6 MiB in its
+/// best shape (docs/benchmarks.md, "`lookup`", earlier measurements), and this layout reads well
+/// under that; 16 MiB still fails the layouts and shapes that read payloads for whole granules
+/// (77–540 MiB in that experiment, ~210 MB here for the time-ordered one).
 const BATCH_100_MAX_READ_BYTES: u64 = 16 * 1024 * 1024;
 
 fn per_key(costs: &[QueryCost], keys: usize, field: impl Fn(&QueryCost) -> u64) -> f64 {
@@ -86,9 +62,8 @@ async fn a_hundred_key_batch_reads_a_few_mib() {
     let db = TestDb::new(&url);
     db.store().await;
     db.execute(GENERATE).await;
-    db.execute(SEED_LAYOUT).await;
-    db.execute("INSERT INTO attempts_seed_layout SELECT * FROM attempts")
-        .await;
+    db.execute(&time_ordered::create_table("attempts")).await;
+    db.execute(&time_ordered::copy_from("attempts")).await;
 
     // Each key carries the time of its triple's first attempt, as a retry does; its answer is
     // the second attempt, a minute later.
@@ -123,7 +98,9 @@ async fn a_hundred_key_batch_reads_a_few_mib() {
             .settings
             .push(("log_comment".to_owned(), tag("sheaf", shape)));
         let store = sheaf_clickhouse::ClickHouseLogStore::connect(config).expect("connect");
-        let seed = db.client().with_setting("log_comment", tag("seed", shape));
+        let baseline = db
+            .client()
+            .with_setting("log_comment", tag(TIME_ORDERED, shape));
         for _ in 0..repetitions {
             let batch = &keys[next..next + size];
             next += size;
@@ -135,43 +112,9 @@ async fn a_hundred_key_batch_reads_a_few_mib() {
                 assert_eq!(found.len(), size, "{shape}: every key has an attempt");
                 assert!(found.values().all(|a| a.number == 2), "{shape}");
             }
-            let found = if size == 1 {
-                let key = &batch[0];
-                seed.query(SEED_SINGLE)
-                    .bind(key.tenant_id.as_str())
-                    .bind(key.event_id.as_str())
-                    .bind(key.destination_id.to_string())
-                    .bind(key.attempt_time.as_micros())
-                    .fetch_bytes("Null")
-                    .expect("seed single")
-                    .collect()
-                    .await
-            } else {
-                let triples: Vec<(&str, &str, String)> = batch
-                    .iter()
-                    .map(|k| {
-                        (
-                            k.tenant_id.as_str(),
-                            k.event_id.as_str(),
-                            k.destination_id.to_string(),
-                        )
-                    })
-                    .collect();
-                let oldest = batch
-                    .iter()
-                    .map(|k| k.attempt_time.as_micros())
-                    .min()
-                    .unwrap_or(0);
-                seed.query(&seed_batch(size))
-                    .bind(triples)
-                    .bind(oldest)
-                    .bind(oldest)
-                    .fetch_bytes("Null")
-                    .expect("seed batch")
-                    .collect()
-                    .await
-            };
-            found.expect("seed layout query");
+            time_ordered::lookup(&baseline, batch, "Null")
+                .await
+                .expect("time-ordered layout query");
         }
         assert!(
             !store.lazy_limit_rejected(),
@@ -189,7 +132,7 @@ async fn a_hundred_key_batch_reads_a_few_mib() {
     );
     println!("|---|---|---|---|---|---|");
     let mut batch_100 = Vec::new();
-    for layout in ["sheaf", "seed"] {
+    for layout in ["sheaf", TIME_ORDERED] {
         for &(shape, size, repetitions) in SHAPES {
             let costs = query_costs(&db, &tag(layout, shape), repetitions).await;
             assert_eq!(

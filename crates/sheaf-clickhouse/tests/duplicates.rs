@@ -38,7 +38,8 @@ async fn copies_of(db: &TestDb, table: &str, column: &str, id: &str) -> u64 {
         .expect("count copies")
 }
 
-/// Seed 000's test: five unmerged copies of one key's latest row and an older second key. The
+/// The retry-lookup experiment's case (docs/benchmarks.md, "`lookup`", earlier measurements):
+/// five unmerged copies of one key's latest row and an older second key. The
 /// batched query's `LIMIT` (one row per key asked) is filled by copies of the newer row, so the
 /// second key is answered only by the one-by-one fallback for keys missing at the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

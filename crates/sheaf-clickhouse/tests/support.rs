@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clickhouse::Client;
 use sheaf_clickhouse::{ClickHouseConfig, ClickHouseLogStore};
+use sheaf_testenv::clickhouse::drop_database_blocking;
 
 /// A database used by one test, dropped when this value is dropped (also when the test panics).
 pub struct TestDb {
@@ -58,26 +59,9 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with a
-        // runtime of its own can.
-        let (url, database) = (self.url.clone(), self.database.clone());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for dropping the test database");
-            runtime.block_on(async {
-                let drop = Client::default()
-                    .with_url(url)
-                    .query_raw(&format!("DROP DATABASE IF EXISTS {database} SYNC"))
-                    .execute();
-                tokio::time::timeout(Duration::from_secs(60), drop).await
-            })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(Ok(()))) => {}
-            other => eprintln!("could not drop test database {}: {other:?}", self.database),
+        let dropped = drop_database_blocking(&self.url, &self.database, Duration::from_secs(60));
+        if let Err(why) = dropped {
+            eprintln!("could not drop test database {}: {why}", self.database);
         }
     }
 }

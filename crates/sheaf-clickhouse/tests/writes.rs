@@ -30,8 +30,9 @@ async fn concurrent_inserts_in_one_window_make_one_part_per_table() {
     let url = require_clickhouse!("concurrent_inserts_in_one_window_make_one_part_per_table");
     let db = TestDb::new(&url);
     let mut config = db.config();
-    // Seed 001 recommends 1–2 s for hot partitioned tables; a shorter window keeps the test quick
-    // and is still far longer than it takes 20 tasks to hand off.
+    // The write-wait experiment recommends 1–2 s for hot partitioned tables (docs/benchmarks.md,
+    // "`parts`", earlier measurements); a shorter window keeps the test quick and is still far
+    // longer than it takes 20 tasks to hand off.
     config.write.max_wait = Duration::from_millis(400);
     let store = db.store_with(config).await;
     let (events_before, attempts_before) = (

@@ -2,11 +2,12 @@
 //! about speed is asserted, because they depend on the machine and on what else it runs.
 //!
 //! - The queue's claim+complete throughput with 1, 4 and 16 workers, and the share of HOT updates
-//!   it made. The shape matches BRIEF "Queue designs measured here", column "lease claim + one
-//!   batched completion": each worker claims 10 due no-op jobs in one statement and completes
-//!   them in one statement, against a queue of its own.
+//!   it made. The shape matches the hand measurement's column "lease claim + one batched
+//!   completion" (docs/benchmarks.md, "`queue`", earlier measurements): each worker claims 10 due
+//!   no-op jobs in one statement and completes them in one statement, against a queue of its own.
 //! - The latest-attempt lookup over 200,000 attempts: one key per statement against 100 keys per
-//!   statement, wall time per key at the client (BRIEF "Measured on this machine").
+//!   statement, wall time per key at the client (docs/benchmarks.md, "`lookup`", earlier
+//!   measurements, by hand on this machine).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! Migrations: applied once however many processes start together, idempotent, refusing a schema
-//! migrated from different text, and building the job table the way seed 002 needs it.
+//! migrated from different text, and building the job table the way the lease queue needs it
+//! (`fillfactor = 85`, `claimed_until` in no index, so claims are HOT updates).
 
 use sheaf_postgres::PostgresStores;
 use sheaf_store::ErrorKind;

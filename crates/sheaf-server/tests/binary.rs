@@ -5,15 +5,9 @@ use std::process::Command;
 
 use sheaf_server::SETTINGS;
 
+/// The binary with only what each test sets: no `SHEAF_*` from the environment running the tests.
 fn sheaf() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
-    // Only what each test sets: no SHEAF_* from the environment running the tests.
-    for (name, _) in std::env::vars() {
-        if name.starts_with("SHEAF_") {
-            command.env_remove(name);
-        }
-    }
-    command
+    sheaf_testenv::sheaf_command(env!("CARGO_BIN_EXE_sheaf"))
 }
 
 #[test]

@@ -5,8 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_testenv::receiver::{Failing, Receiver};
 
-use crate::support::{Client, Receiver, env_with, publish_many, start_server};
+use crate::support::{Client, env_with, publish_many, start_server};
 
 /// What an outage run measured.
 #[derive(Debug)]
@@ -17,6 +18,21 @@ pub struct Report {
     pub retries: f64,
     pub lookup_queries: f64,
     pub lookup_keys: f64,
+}
+
+impl Report {
+    /// Prints the figures under `label`.
+    pub fn print(&self, label: &str) {
+        println!(
+            "{label}: {} events, {} webhook requests, {} duplicate deliveries, {} retries, {} retry lookup queries for {} lookups",
+            self.events,
+            self.requests,
+            self.duplicates,
+            self.retries,
+            self.lookup_queries,
+            self.lookup_keys
+        );
+    }
 }
 
 /// The retry settings every outage run uses: short delays so the run ends well within a
@@ -32,7 +48,11 @@ pub const OUTAGE_SETTINGS: [(&str, &str); 4] = [
 /// until every event was answered 200 (bounded), checks the attempts API for one event that
 /// failed first, and reads the retry figures from `/metrics`.
 pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize) -> Report {
-    let receiver = Receiver::start(Duration::from_secs(3)).await;
+    let receiver = Receiver::builder()
+        .failing(Failing::ForAfterFirst(Duration::from_secs(3)))
+        .start()
+        .await
+        .expect("the receiver binds");
     let server = start_server(env).await;
     let client = Client::new(server.addr);
     client
@@ -40,7 +60,7 @@ pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize
         .await;
 
     let ids = publish_many(&client, tenant, "evt", count, 32).await;
-    let all_delivered = receiver.wait_for(&ids, Duration::from_secs(45)).await;
+    let all_delivered = receiver.delivers_all(&ids, Duration::from_secs(45)).await;
     assert!(
         all_delivered,
         "every event is delivered after the receiver recovers"
@@ -51,7 +71,7 @@ pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize
     let failed_first: HashSet<&str> = deliveries
         .iter()
         .filter(|d| d.status == 503)
-        .map(|d| d.id())
+        .map(|d| d.id.as_str())
         .collect();
     assert!(
         !failed_first.is_empty(),
@@ -94,7 +114,7 @@ pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize
     let report = Report {
         events: count,
         requests: deliveries.len(),
-        duplicates: receiver.duplicate_successes(),
+        duplicates: receiver.duplicates(),
         retries: client.metric("sheaf_retries_total").await,
         lookup_queries: client.metric("sheaf_retry_lookup_queries_total").await,
         lookup_keys: client.metric("sheaf_retry_lookup_keys_total").await,
@@ -106,15 +126,7 @@ pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_backends_deliver_every_event_through_an_outage() {
     let report = outage_run(env_with(&OUTAGE_SETTINGS), "outage", 2_000).await;
-    println!(
-        "memory: {} events, {} webhook requests, {} duplicate deliveries, {} retries, {} retry lookup queries for {} lookups",
-        report.events,
-        report.requests,
-        report.duplicates,
-        report.retries,
-        report.lookup_queries,
-        report.lookup_keys
-    );
+    report.print("memory");
     assert!(report.retries > 0.0, "the outage caused retries");
     assert!(
         report.lookup_queries < report.retries,
@@ -126,7 +138,7 @@ async fn memory_backends_deliver_every_event_through_an_outage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_id_is_delivered_once_even_after_its_job_is_gone() {
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let receiver = Receiver::start().await.expect("the receiver binds");
     let server = start_server(env_with(&[])).await;
     let client = Client::new(server.addr);
     client
@@ -139,7 +151,7 @@ async fn the_same_id_is_delivered_once_even_after_its_job_is_gone() {
     assert_eq!(first.status, 202);
     assert_eq!(first.body, json!({ "id": "order-1", "duplicate": false }));
     let ids: HashSet<String> = ["order-1".to_owned()].into();
-    assert!(receiver.wait_for(&ids, Duration::from_secs(10)).await);
+    assert!(receiver.delivers_all(&ids, Duration::from_secs(10)).await);
     // Let the completer remove the job.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let depth = server.core.stores.queue.depth().await.unwrap();
@@ -180,7 +192,7 @@ async fn the_same_id_is_delivered_once_even_after_its_job_is_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_retry_delivers_again_and_is_marked_manual() {
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let receiver = Receiver::start().await.expect("the receiver binds");
     let server = start_server(env_with(&[])).await;
     let client = Client::new(server.addr);
     let destination = client
@@ -189,7 +201,7 @@ async fn a_manual_retry_delivers_again_and_is_marked_manual() {
     let destination_id = destination["id"].as_str().unwrap();
     assert_eq!(client.publish("manual", "m-1", json!(1)).await.status, 202);
     let ids: HashSet<String> = ["m-1".to_owned()].into();
-    assert!(receiver.wait_for(&ids, Duration::from_secs(10)).await);
+    assert!(receiver.delivers_all(&ids, Duration::from_secs(10)).await);
     // The attempt is logged just after the receiver answered; a manual retry numbers itself
     // after the latest logged attempt, so wait (bounded) until the first one is there.
     for _ in 0..100 {
@@ -234,7 +246,11 @@ async fn a_manual_retry_delivers_again_and_is_marked_manual() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_last_attempt_a_delivery_is_dead_lettered_and_listed() {
-    let receiver = Receiver::always_failing().await;
+    let receiver = Receiver::builder()
+        .failing(Failing::Always)
+        .start()
+        .await
+        .expect("the receiver binds");
     let server = start_server(env_with(&[
         ("SHEAF_RETRY_SCHEDULE", "100ms"),
         ("SHEAF_RETRY_MAX_ATTEMPTS", "3"),
@@ -274,7 +290,7 @@ async fn past_the_last_attempt_a_delivery_is_dead_lettered_and_listed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_and_deleted_destinations_receive_nothing() {
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let receiver = Receiver::start().await.expect("the receiver binds");
     let server = start_server(env_with(&[])).await;
     let client = Client::new(server.addr);
     let destination = client
@@ -300,17 +316,13 @@ async fn disabled_and_deleted_destinations_receive_nothing() {
     assert_eq!(enabled.body["enabled"], true);
     assert_eq!(client.publish("quiet", "q-2", json!(2)).await.status, 202);
     let ids: HashSet<String> = ["q-2".to_owned()].into();
-    assert!(receiver.wait_for(&ids, Duration::from_secs(10)).await);
+    assert!(receiver.delivers_all(&ids, Duration::from_secs(10)).await);
 
     let deleted = client.send("DELETE", "/api/v1/tenants/quiet", None).await;
     assert_eq!(deleted.status, 204);
     assert_eq!(client.publish("quiet", "q-3", json!(3)).await.status, 404);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let seen: Vec<String> = receiver
-        .deliveries()
-        .iter()
-        .map(|d| d.id().to_owned())
-        .collect();
+    let seen: Vec<String> = receiver.deliveries().iter().map(|d| d.id.clone()).collect();
     assert_eq!(seen, vec!["q-2".to_owned()]);
     server.shutdown().await;
 }
@@ -319,7 +331,11 @@ async fn disabled_and_deleted_destinations_receive_nothing() {
 async fn graceful_shutdown_finishes_in_flight_deliveries_and_releases_the_rest() {
     // Two workers, each delivery takes 700 ms: at shutdown two are in flight, two more are
     // claimed in the channel, the rest wait in the queue.
-    let receiver = Receiver::slow(Duration::from_millis(700)).await;
+    let receiver = Receiver::builder()
+        .delay(Duration::from_millis(700))
+        .start()
+        .await
+        .expect("the receiver binds");
     let server = start_server(env_with(&[("SHEAF_DELIVERY_WORKERS", "2")])).await;
     let client = Client::new(server.addr);
     client

@@ -56,30 +56,17 @@ sys.argv[0] = "st"
 sys.exit(schemathesis.cli.schemathesis())
 "#;
 
-/// xtask's Python when it has schemathesis; `None` (skip, with a printed line) outside CI.
-fn python() -> Option<String> {
-    let python = match std::env::var(sheaf_testenv::PYTHON_VAR) {
-        Ok(p) if !p.trim().is_empty() => p,
-        _ if sheaf_testenv::in_ci() => panic!(
-            "{} is not set, and under CI the schemathesis run must not skip",
-            sheaf_testenv::PYTHON_VAR
-        ),
-        _ => {
-            println!(
-                "skipping schemathesis: {} is not set (run `cargo xtask test`)",
-                sheaf_testenv::PYTHON_VAR
-            );
-            return None;
-        }
-    };
-    let has_it = Command::new(&python)
+/// Whether xtask's Python has schemathesis; under CI it must (the run must not skip), outside CI
+/// a missing package skips with a printed line.
+fn has_schemathesis(python: &str) -> bool {
+    let has_it = Command::new(python)
         .args(["-c", "import schemathesis"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     match has_it {
-        true => Some(python),
+        true => true,
         false if sheaf_testenv::in_ci() => {
             panic!("{python} has no schemathesis, and under CI the run must not skip")
         }
@@ -87,14 +74,19 @@ fn python() -> Option<String> {
             println!(
                 "skipping schemathesis: {python} cannot import it (`cargo xtask services up` installs xtask's PYTHON_REQUIREMENTS)"
             );
-            None
+            false
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_response_off_the_document() {
-    let Some(python) = python() else { return };
+    let python = sheaf_testenv::require_python!(
+        "schemathesis_finds_no_server_error_and_no_response_off_the_document"
+    );
+    if !has_schemathesis(&python) {
+        return;
+    }
     let server = start_server(env_with(&[
         ("SHEAF_API_KEY", KEY),
         ("SHEAF_TOKEN_SIGNING_KEY", SIGNING_KEY),

@@ -4,19 +4,13 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use sheaf_testenv::receiver::{Failing, Receiver};
+
 use crate::delivery::{OUTAGE_SETTINGS, outage_run};
-use crate::support::{Client, Receiver, Sheaf, env_with, publish_many};
+use crate::support::{Client, env_with, publish_many, spawn_sheaf, stop_clean};
 
 fn check_report(label: &str, report: &crate::delivery::Report) {
-    println!(
-        "{label}: {} events, {} webhook requests, {} duplicate deliveries, {} retries, {} retry lookup queries for {} lookups",
-        report.events,
-        report.requests,
-        report.duplicates,
-        report.retries,
-        report.lookup_queries,
-        report.lookup_keys
-    );
+    report.print(label);
     assert!(report.retries > 0.0, "the outage caused retries");
     assert!(
         report.lookup_queries * 2.0 < report.retries,
@@ -84,10 +78,15 @@ async fn two_processes_on_shared_postgres_and_clickhouse_lose_nothing() {
         ("SHEAF_QUEUE_POLL_INTERVAL", "50ms"),
         ("SHEAF_DELIVERY_WORKERS", "16"),
     ];
-    // Both processes start at once, each migrating the same schema and database.
-    let first = Sheaf::spawn(&env);
-    let second = Sheaf::spawn(&env);
-    let receiver = Receiver::start(Duration::from_secs(2)).await;
+    // One after the other: the second starts once the first listens, so it migrates a schema
+    // and a database the first has already brought up to date.
+    let first = spawn_sheaf(&env).await;
+    let second = spawn_sheaf(&env).await;
+    let receiver = Receiver::builder()
+        .failing(Failing::ForAfterFirst(Duration::from_secs(2)))
+        .start()
+        .await
+        .expect("the receiver binds");
     let a = Client::new(first.addr);
     let b = Client::new(second.addr);
     a.tenant_with_destination("shared", &receiver.url()).await;
@@ -100,7 +99,7 @@ async fn two_processes_on_shared_postgres_and_clickhouse_lose_nothing() {
     let ids: HashSet<String> = ids_a.union(&ids_b).cloned().collect();
     assert_eq!(ids.len(), 1_000);
     assert!(
-        receiver.wait_for(&ids, Duration::from_secs(60)).await,
+        receiver.delivers_all(&ids, Duration::from_secs(60)).await,
         "every event is delivered"
     );
     let claimed_a = a.metric("sheaf_jobs_claimed_total").await;
@@ -108,12 +107,12 @@ async fn two_processes_on_shared_postgres_and_clickhouse_lose_nothing() {
     println!(
         "two processes: 1000 events, {} webhook requests, {} duplicate deliveries, jobs claimed {claimed_a} + {claimed_b}",
         receiver.deliveries().len(),
-        receiver.duplicate_successes(),
+        receiver.duplicates(),
     );
     assert!(
         claimed_a > 0.0 && claimed_b > 0.0,
         "both processes delivered"
     );
-    first.stop();
-    second.stop();
+    stop_clean(first).await;
+    stop_clean(second).await;
 }

@@ -7,8 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
+use sheaf_testenv::receiver::{Delivery, Receiver};
 
-use crate::support::{Client, Delivery, Receiver, env_with, start_server};
+use crate::support::{Client, env_with, start_server};
 
 const VERIFY: &str = r#"
 import json, sys
@@ -21,31 +22,13 @@ except Exception as e:
     print("refused:", type(e).__name__, e)
 "#;
 
-/// The Python of xtask's virtual environment, or `None` (skip) outside CI.
-fn python() -> Option<String> {
-    match std::env::var(sheaf_testenv::PYTHON_VAR) {
-        Ok(p) if !p.trim().is_empty() => Some(p),
-        _ if sheaf_testenv::in_ci() => panic!(
-            "{} is not set, and under CI the signature test must not skip",
-            sheaf_testenv::PYTHON_VAR
-        ),
-        _ => {
-            println!(
-                "skipping signature verification: {} is not set (run `cargo xtask test`)",
-                sheaf_testenv::PYTHON_VAR
-            );
-            None
-        }
-    }
-}
-
 /// Whether `standardwebhooks` accepts the delivery under `secret`.
 fn verifies(python: &str, secret: &str, delivery: &Delivery) -> bool {
     let headers: serde_json::Map<String, serde_json::Value> = delivery
         .headers
         .iter()
-        .filter(|(k, _)| k.starts_with("webhook-"))
-        .map(|(k, v)| (k.clone(), json!(v)))
+        .filter(|(k, _)| k.as_str().starts_with("webhook-"))
+        .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or(""))))
         .collect();
     let case = json!({
         "secret": secret,
@@ -79,18 +62,20 @@ fn verifies(python: &str, secret: &str, delivery: &Delivery) -> bool {
 
 async fn delivered(receiver: &Receiver, id: &str) -> Delivery {
     let ids: HashSet<String> = [id.to_owned()].into();
-    assert!(receiver.wait_for(&ids, Duration::from_secs(10)).await);
+    assert!(receiver.delivers_all(&ids, Duration::from_secs(10)).await);
     receiver
         .deliveries()
         .into_iter()
-        .find(|d| d.id() == id)
+        .find(|d| d.id == id)
         .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standard_webhooks_verifies_signatures_including_during_rotation() {
-    let Some(python) = python() else { return };
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let python = sheaf_testenv::require_python!(
+        "standard_webhooks_verifies_signatures_including_during_rotation"
+    );
+    let receiver = Receiver::start().await.expect("the receiver binds");
     let server = start_server(env_with(&[])).await;
     let client = Client::new(server.addr);
     let destination = client
@@ -109,12 +94,12 @@ async fn standard_webhooks_verifies_signatures_including_during_rotation() {
         202
     );
     let first = delivered(&receiver, "sig-1").await;
-    assert_eq!(first.headers["content-type"], "application/json");
+    assert_eq!(first.header("content-type"), "application/json");
     assert_eq!(
         serde_json::from_slice::<serde_json::Value>(&first.body).unwrap(),
         data
     );
-    assert!(first.headers["webhook-signature"].starts_with("v1,"));
+    assert!(first.header("webhook-signature").starts_with("v1,"));
     assert!(
         verifies(&python, &old_secret, &first),
         "the current secret verifies"
@@ -146,7 +131,7 @@ async fn standard_webhooks_verifies_signatures_including_during_rotation() {
         202
     );
     let second = delivered(&receiver, "sig-2").await;
-    let signatures: Vec<&str> = second.headers["webhook-signature"].split(' ').collect();
+    let signatures: Vec<&str> = second.header("webhook-signature").split(' ').collect();
     assert_eq!(signatures.len(), 2, "both secrets sign during the rotation");
     assert!(
         verifies(&python, &new_secret, &second),

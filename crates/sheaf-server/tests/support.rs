@@ -1,179 +1,14 @@
-//! Test support: a recording webhook receiver on loopback, a service started in-process, the
-//! real `sheaf` binary as a child process, and a small JSON client.
+//! Test support: a service started in-process, the real `sheaf` binary as a child process (the
+//! shared [`SheafProcess`] with these tests' defaults), and a small JSON client. The webhook
+//! receiver the tests deliver to is `sheaf_testenv::receiver::Receiver`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead as _, BufReader};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use sheaf_server::{Config, Running};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-
-/// One request the receiver got.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    pub headers: BTreeMap<String, String>,
-    pub body: Bytes,
-    pub status: u16,
-}
-
-impl Delivery {
-    pub fn id(&self) -> &str {
-        self.headers.get("webhook-id").map_or("", String::as_str)
-    }
-}
-
-#[derive(Default)]
-struct ReceiverState {
-    deliveries: Vec<Delivery>,
-    first_request: Option<Instant>,
-}
-
-struct Shared {
-    state: Mutex<ReceiverState>,
-    /// Answer 503 for this long after the first request; `None`: always 503.
-    fail_for: Option<Duration>,
-    /// How long each answer takes.
-    delay: Duration,
-}
-
-/// A webhook receiver on 127.0.0.1 that records every request with its headers and body and
-/// answers 503 for a configured time after its first request, 200 after.
-pub struct Receiver {
-    pub addr: SocketAddr,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-}
-
-async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    if !shared.delay.is_zero() {
-        tokio::time::sleep(shared.delay).await;
-    }
-    let mut state = shared.state.lock().unwrap();
-    let now = Instant::now();
-    let first = *state.first_request.get_or_insert(now);
-    let failing = match shared.fail_for {
-        Some(window) => now.duration_since(first) < window,
-        None => true,
-    };
-    let status = if failing {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    };
-    let headers = headers
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-        .collect();
-    state.deliveries.push(Delivery {
-        headers,
-        body,
-        status: status.as_u16(),
-    });
-    status
-}
-
-impl Receiver {
-    /// A receiver that fails for `fail_for` after its first request (`Duration::ZERO`: never).
-    pub async fn start(fail_for: Duration) -> Self {
-        Self::start_with(Some(fail_for), Duration::ZERO).await
-    }
-
-    /// A receiver that always answers 503.
-    pub async fn always_failing() -> Self {
-        Self::start_with(None, Duration::ZERO).await
-    }
-
-    /// A receiver that answers 200, each answer after `delay`.
-    pub async fn slow(delay: Duration) -> Self {
-        Self::start_with(Some(Duration::ZERO), delay).await
-    }
-
-    async fn start_with(fail_for: Option<Duration>, delay: Duration) -> Self {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(ReceiverState::default()),
-            fail_for,
-            delay,
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = Router::new()
-            .fallback(receive)
-            .with_state(Arc::clone(&shared));
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await;
-        });
-        Self { addr, shared, stop }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
-    }
-
-    pub fn deliveries(&self) -> Vec<Delivery> {
-        self.shared.state.lock().unwrap().deliveries.clone()
-    }
-
-    /// Ids answered 200 at least once.
-    pub fn delivered_ids(&self) -> HashSet<String> {
-        self.shared
-            .state
-            .lock()
-            .unwrap()
-            .deliveries
-            .iter()
-            .filter(|d| d.status == 200)
-            .map(|d| d.id().to_owned())
-            .collect()
-    }
-
-    /// Successful deliveries beyond the first, per id, added up.
-    pub fn duplicate_successes(&self) -> usize {
-        let mut counts: HashMap<String, usize> = HashMap::new();
-        for d in self.deliveries().iter().filter(|d| d.status == 200) {
-            *counts.entry(d.id().to_owned()).or_default() += 1;
-        }
-        counts.values().map(|n| n - 1).sum()
-    }
-
-    /// Waits (bounded) until every id in `ids` was answered 200; returns whether they were.
-    pub async fn wait_for(&self, ids: &HashSet<String>, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let delivered = self.delivered_ids();
-            if ids.iter().all(|id| delivered.contains(id)) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                let missing = ids.iter().filter(|id| !delivered.contains(*id)).count();
-                eprintln!(
-                    "{missing} of {} ids still undelivered after {timeout:?}",
-                    ids.len()
-                );
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+use sheaf_testenv::process::{SheafCommand, SheafProcess};
 
 /// Settings every in-process test server gets: an ephemeral loopback port, loopback receivers
 /// allowed, quick polling.
@@ -358,96 +193,36 @@ pub async fn publish_many(
     ids.into_iter().collect()
 }
 
-/// A `sheaf serve` child process; killed (by its PID) when dropped if it is still running.
-pub struct Sheaf {
-    child: Child,
-    pub addr: SocketAddr,
-    log: Arc<Mutex<String>>,
+/// Starts the real binary with only `env` as its `SHEAF_*` settings (plus an ephemeral loopback
+/// port, and `info` logs unless `env` sets `SHEAF_LOG`: the start-up line it is awaited by is
+/// logged at `info`), and waits (at most 60 s) until it listens.
+pub async fn spawn_sheaf(env: &[(&str, &str)]) -> SheafProcess {
+    SheafCommand::new(env!("CARGO_BIN_EXE_sheaf"))
+        .env("SHEAF_LOG", "info")
+        .envs(env.iter().copied())
+        .start_timeout(Duration::from_secs(60))
+        .start()
+        .await
+        .expect("sheaf starts")
 }
 
-impl Sheaf {
-    /// Starts the real binary with only `env` as its `SHEAF_*` settings (plus an ephemeral
-    /// loopback port, and `info` logs unless `env` sets `SHEAF_LOG`), and waits (at most 60 s)
-    /// until it listens.
-    pub fn spawn(env: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sheaf"));
-        for (name, _) in std::env::vars() {
-            if name.starts_with("SHEAF_") {
-                command.env_remove(name);
-            }
-        }
-        command
-            .arg("serve")
-            .env("SHEAF_LOG", "info")
-            .envs(env.iter().copied())
-            .env("SHEAF_LISTEN", "127.0.0.1:0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().expect("sheaf starts");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let sink = Arc::clone(&log);
-        // Drains stderr for the life of the child, and reports the address it listens on.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("is listening on http://").nth(1) {
-                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                    let _ = tx.send(addr);
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr.parse().expect("a socket address"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("sheaf did not start: {}", log.lock().unwrap());
-            }
-        };
-        Self { child, addr, log }
-    }
-
-    /// Everything the process wrote to stderr so far.
-    pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// SIGTERM, then waits (bounded) for a clean exit.
-    pub fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        for _ in 0..300 {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                assert!(
-                    status.success(),
-                    "sheaf exited with {status}: {}",
-                    self.log.lock().unwrap()
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("sheaf did not stop within 30 s after SIGTERM");
-    }
-
-    /// SIGKILL (`Child::kill` signals this child's PID), then reaps it: no graceful stop, no
-    /// last acknowledgement, connections cut as by a crash.
-    pub fn kill(mut self) {
-        self.child.kill().expect("SIGKILL the sheaf child");
-        let status = self.child.wait().expect("reap the sheaf child");
-        assert!(!status.success(), "a killed process does not exit cleanly");
-    }
+/// SIGTERM, then waits (at most 30 s) for a clean exit.
+pub async fn stop_clean(sheaf: SheafProcess) {
+    let exited = sheaf
+        .stop(Duration::from_secs(30))
+        .await
+        .expect("sheaf stops within 30 s after SIGTERM");
+    assert!(
+        exited.status.success(),
+        "sheaf exited with {}: {}",
+        exited.status,
+        exited.log
+    );
 }
 
-impl Drop for Sheaf {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// SIGKILL, then reaps it: no graceful stop, no last acknowledgement, connections cut as by a
+/// crash.
+pub fn kill(sheaf: SheafProcess) {
+    let status = sheaf.kill().expect("SIGKILL the sheaf child");
+    assert!(!status.success(), "a killed process does not exit cleanly");
 }

@@ -1,4 +1,10 @@
 //! The harness's own proof: the servers `cargo xtask test` starts are the ones the
-//! suites need (Postgres with logical replication, a modern ClickHouse).
+//! suites need (Postgres with logical replication, a modern ClickHouse), and the pieces
+//! behind features do what the suites rely on (run them with `--all-features`; the
+//! workspace's test run enables them through the crates that use them).
 
 mod harness;
+#[cfg(feature = "receiver")]
+mod receiver;
+#[cfg(feature = "postgres")]
+mod slots;

@@ -19,12 +19,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde_json::Value;
+use sheaf_testenv::postgres::drop_replication_slot;
+use sheaf_testenv::process::SheafProcess;
+use sheaf_testenv::receiver::Receiver;
 
 use crate::api::{Api, metric};
 use crate::env::Ctx;
-use crate::receiver::Receiver;
 use crate::report::{Report, secs};
-use crate::sheaf::Sheaf;
+use crate::sheaf;
 
 use super::{TENANT, cleanup, counters, stop_clean};
 
@@ -91,8 +93,8 @@ async fn scenario(
     ] {
         settings.push((k.to_owned(), v.to_owned()));
     }
-    let receiver = Receiver::start(Duration::ZERO).await?;
-    let a = Sheaf::spawn(ctx, "cdc", "a", &settings).await?;
+    let receiver = Receiver::start().await?;
+    let a = sheaf::spawn(ctx, "cdc", "a", &settings).await?;
     let api = Api::new(Duration::from_secs(10))?;
     api.tenant_with_destination(&a.base(), TENANT, &receiver.url())
         .await?;
@@ -152,7 +154,7 @@ async fn scenario(
         ),
     );
 
-    let b = Sheaf::spawn(ctx, "cdc", "b", &settings).await?;
+    let b = sheaf::spawn(ctx, "cdc", "b", &settings).await?;
     let back_at = b.listening_at;
     report.note(
         "down",
@@ -287,7 +289,7 @@ fn change_key(body: &[u8]) -> Option<String> {
 
 /// Waits until the CDC source of `sheaf` streams (its slot and publication exist), so no change
 /// is committed before the slot that must read it.
-async fn wait_streaming(api: &Api, sheaf: &Sheaf) -> anyhow::Result<()> {
+async fn wait_streaming(api: &Api, sheaf: &SheafProcess) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let state = api
@@ -307,7 +309,7 @@ async fn wait_streaming(api: &Api, sheaf: &Sheaf) -> anyhow::Result<()> {
 /// Polls `sheaf_cdc_events_published_total` until it reaches `target`; returns the last value.
 async fn wait_published(
     api: &Api,
-    sheaf: &Sheaf,
+    sheaf: &SheafProcess,
     target: f64,
     timeout: Duration,
 ) -> anyhow::Result<f64> {
@@ -353,27 +355,14 @@ async fn wait_changes(
     }
 }
 
-/// Drops the scenario's slot and publication once no process uses them (a killed process's
-/// walsender may take a moment to go).
+/// Drops the scenario's slot (a killed process's walsender may still hold it: see
+/// `drop_replication_slot`) and its publication.
 async fn drop_slot(ctx: &Ctx, slot: &str) -> anyhow::Result<()> {
-    for _ in 0..100 {
-        let active: Option<bool> =
-            sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
-                .bind(slot)
-                .fetch_optional(&ctx.pg)
-                .await?;
-        match active {
-            None => break,
-            Some(false) => {
-                sqlx::query("SELECT pg_drop_replication_slot($1)")
-                    .bind(slot)
-                    .execute(&ctx.pg)
-                    .await
-                    .context("cannot drop the scenario's replication slot")?;
-                break;
-            }
-            Some(true) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
+    let dropped = drop_replication_slot(&ctx.pg, slot, Duration::from_secs(10))
+        .await
+        .context("cannot drop the scenario's replication slot")?;
+    if !dropped {
+        println!("  replication slot {slot} is still in use after 10 s: drop it by hand");
     }
     sqlx::query(&format!("DROP PUBLICATION IF EXISTS {slot}"))
         .execute(&ctx.pg)

@@ -11,11 +11,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use sheaf_testenv::receiver::Receiver;
+
 use crate::api::{Api, Pace, Targets, publish_paced};
 use crate::env::{Ctx, QUEUE_LEASE};
-use crate::receiver::Receiver;
 use crate::report::{Report, recovery_after, secs};
-use crate::sheaf::Sheaf;
+use crate::sheaf;
 
 use super::{TENANT, claimed_jobs, cleanup, counters, event_ids, settle, stop_clean, wait_until};
 
@@ -28,11 +29,14 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     };
     let schema = ctx.unique("kill");
     let settings = ctx.sheaf_settings(&schema, &schema);
-    let receiver = Receiver::start(Duration::from_millis(200)).await?;
+    let receiver = Receiver::builder()
+        .delay(Duration::from_millis(200))
+        .start()
+        .await?;
     // Both start at once, each migrating the same schema and database.
     let (a, b) = tokio::join!(
-        Sheaf::spawn(ctx, "kill", "a", &settings),
-        Sheaf::spawn(ctx, "kill", "b", &settings)
+        sheaf::spawn(ctx, "kill", "a", &settings),
+        sheaf::spawn(ctx, "kill", "b", &settings)
     );
     let (a, b) = (a?, b?);
     let api = Api::new(Duration::from_secs(10))?;

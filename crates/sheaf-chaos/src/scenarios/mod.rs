@@ -10,11 +10,12 @@ mod shutdown;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use sheaf_testenv::process::SheafProcess;
+use sheaf_testenv::receiver::Receiver;
+
 use crate::api::{Api, Published, metric};
 use crate::env::Ctx;
-use crate::receiver::Receiver;
 use crate::report::Report;
-use crate::sheaf::Sheaf;
 
 /// Every scenario, in the order `all` runs them (the same list as xtask's).
 pub const NAMES: &[&str] = &["kill", "postgres", "clickhouse", "shutdown", "cdc"];
@@ -154,7 +155,7 @@ async fn settle(
 async fn check_events_logged(
     report: &mut Report,
     api: &Api,
-    sheaf: &Sheaf,
+    sheaf: &SheafProcess,
     published: &Published,
 ) -> anyhow::Result<()> {
     let logged: HashSet<String> = api
@@ -184,7 +185,10 @@ async fn check_events_logged(
 }
 
 /// Events with at least one successful attempt in the log store, read back through the API.
-async fn events_with_logged_success(api: &Api, sheaf: &Sheaf) -> anyhow::Result<HashSet<String>> {
+async fn events_with_logged_success(
+    api: &Api,
+    sheaf: &SheafProcess,
+) -> anyhow::Result<HashSet<String>> {
     Ok(api
         .list_all(
             &sheaf.base(),
@@ -197,12 +201,12 @@ async fn events_with_logged_success(api: &Api, sheaf: &Sheaf) -> anyhow::Result<
 }
 
 /// Log lines of `sheaf` containing `needle`.
-fn log_lines(sheaf: &Sheaf, needle: &str) -> usize {
+fn log_lines(sheaf: &SheafProcess, needle: &str) -> usize {
     sheaf.log().lines().filter(|l| l.contains(needle)).count()
 }
 
 /// A few counters of one process, as `name value, …`.
-async fn counters(api: &Api, sheaf: &Sheaf, names: &[&str]) -> String {
+async fn counters(api: &Api, sheaf: &SheafProcess, names: &[&str]) -> String {
     match api.metrics(&sheaf.base()).await {
         Ok(page) => names
             .iter()
@@ -214,9 +218,9 @@ async fn counters(api: &Api, sheaf: &Sheaf, names: &[&str]) -> String {
 }
 
 /// Stops a scenario's last process gracefully and checks it exited cleanly.
-async fn stop_clean(report: &mut Report, sheaf: Sheaf) -> anyhow::Result<()> {
+async fn stop_clean(report: &mut Report, sheaf: SheafProcess) -> anyhow::Result<()> {
     let name = sheaf.name.clone();
-    let exited = sheaf.stop().await?;
+    let exited = sheaf.stop(crate::sheaf::STOP_TIMEOUT).await?;
     report.check(
         exited.status.success(),
         format!("sheaf {name} exited with {} after SIGTERM", exited.status),

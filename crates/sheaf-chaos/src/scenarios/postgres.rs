@@ -10,11 +10,12 @@
 
 use std::time::{Duration, Instant};
 
+use sheaf_testenv::receiver::Receiver;
+
 use crate::api::{Api, PROBE_TIMEOUT, Pace, ReadyzProbe, Targets, publish_paced, readiness};
 use crate::env::Ctx;
-use crate::receiver::Receiver;
 use crate::report::{Report, at, recovery_after, secs};
-use crate::sheaf::Sheaf;
+use crate::sheaf;
 
 use super::{
     TENANT, check_events_logged, cleanup, counters, event_ids, log_lines, settle, stop_clean,
@@ -35,8 +36,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     };
     let schema = ctx.unique("postgres");
     let settings = ctx.sheaf_settings(&schema, &schema);
-    let receiver = Receiver::start(Duration::from_millis(20)).await?;
-    let mut a = Sheaf::spawn(ctx, "postgres", "a", &settings).await?;
+    let receiver = Receiver::builder()
+        .delay(Duration::from_millis(20))
+        .start()
+        .await?;
+    let mut a = sheaf::spawn(ctx, "postgres", "a", &settings).await?;
     let api = Api::new(Duration::from_secs(10))?;
     api.tenant_with_destination(&a.base(), TENANT, &receiver.url())
         .await?;

@@ -10,11 +10,12 @@
 
 use std::time::{Duration, Instant};
 
+use sheaf_testenv::receiver::Receiver;
+
 use crate::api::{Api, Pace, Targets, publish_paced};
 use crate::env::Ctx;
-use crate::receiver::Receiver;
 use crate::report::{Report, at, recovery_after, secs};
-use crate::sheaf::Sheaf;
+use crate::sheaf;
 
 use super::{TENANT, claimed_jobs, cleanup, event_ids, settle, stop_clean, wait_until};
 
@@ -29,8 +30,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let mut settings = ctx.sheaf_settings(&schema, &schema);
     // The defaults: a stranded claim would hold its job for 30 s, which the checks would see.
     settings.retain(|(k, _)| k != "SHEAF_QUEUE_LEASE" && k != "SHEAF_DELIVERY_TIMEOUT");
-    let receiver = Receiver::start(Duration::from_millis(500)).await?;
-    let a = Sheaf::spawn(ctx, "shutdown", "a", &settings).await?;
+    let receiver = Receiver::builder()
+        .delay(Duration::from_millis(500))
+        .start()
+        .await?;
+    let a = sheaf::spawn(ctx, "shutdown", "a", &settings).await?;
     let api = Api::new(Duration::from_secs(10))?;
     api.tenant_with_destination(&a.base(), TENANT, &receiver.url())
         .await?;
@@ -129,7 +133,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     );
 
     // A new process delivers the rest.
-    let b = Sheaf::spawn(ctx, "shutdown", "b", &settings).await?;
+    let b = sheaf::spawn(ctx, "shutdown", "b", &settings).await?;
     targets.add(b.base());
     let back_at = b.listening_at;
     report.note(

@@ -14,204 +14,23 @@
 //!   started again on the same slot; every change arrives and none becomes two events.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sheaf_server::Running;
 use sheaf_server::state::metrics::CdcState;
-use sqlx::PgPool;
+use sheaf_testenv::receiver::Receiver;
 use tokio::time::Instant;
 
-use crate::support::{Client, Receiver, Sheaf, base_env, start_server};
+use crate::support::{Client, base_env, kill, start_server, stop_clean};
 
-/// The application's database for one test, and what to drop afterwards.
-struct App {
-    pool: PgPool,
-    url: String,
-    /// The application's own schema; its table is `<schema>.items`.
-    schema: String,
-    slot: String,
-    publication: String,
-    /// Sheaf's own Postgres schema (when the test keeps its stores in Postgres).
-    store_schema: Option<String>,
-    /// ClickHouse URL and Sheaf's database there (when the test keeps its log there).
-    clickhouse: Option<(String, String)>,
-}
+mod fixture;
 
-impl App {
-    async fn new(url: &str) -> App {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(url)
-            .await
-            .expect("connect to the test Postgres");
-        let name = sheaf_testenv::unique_name("cdcapp");
-        let app = App {
-            pool,
-            url: url.to_owned(),
-            slot: format!("{name}_slot"),
-            publication: format!("{name}_pub"),
-            schema: name,
-            store_schema: None,
-            clickhouse: None,
-        };
-        app.exec(&format!(
-            "CREATE SCHEMA {s}; CREATE TABLE {s}.items (id int8 PRIMARY KEY, version int8 NOT NULL, note text)",
-            s = app.schema
-        ))
-        .await;
-        app
-    }
-
-    fn table(&self) -> String {
-        format!("{}.items", self.schema)
-    }
-
-    /// The settings that point a `sheaf` at this application, its table feeding `tenant`.
-    fn cdc_env(&self, tenant: &str) -> Vec<(String, String)> {
-        [
-            ("SHEAF_CDC_ENABLED", "true"),
-            ("SHEAF_CDC_POSTGRES_URL", self.url.as_str()),
-            ("SHEAF_CDC_SLOT", self.slot.as_str()),
-            ("SHEAF_CDC_PUBLICATION", self.publication.as_str()),
-            ("SHEAF_CDC_CREATE_MISSING", "true"),
-            ("SHEAF_CDC_TENANTS", &format!("{}={tenant}", self.table())),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-    }
-
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql)
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-
-    /// The slot's `confirmed_flush_lsn` as a number (0 when the slot does not exist yet).
-    async fn confirmed_flush_lsn(&self) -> u64 {
-        let text: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&self.slot)
-        .fetch_optional(&self.pool)
-        .await
-        .expect("read the slot");
-        text.flatten().map_or(0, |t| lsn(&t))
-    }
-
-    /// Waits (at most 20 s) until the slot's confirmed position passes `lsn`.
-    async fn wait_confirmed_past(&self, lsn: u64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let confirmed = self.confirmed_flush_lsn().await;
-            if confirmed > lsn {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "confirmed_flush_lsn {confirmed:#x} did not pass {lsn:#x}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Drops the slot (once its walsender let go of it, at most 30 s), the publication, the
-    /// application's schema and Sheaf's own schema and ClickHouse database.
-    async fn cleanup(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let dropped = sqlx::query(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active",
-            )
-            .bind(&self.slot)
-            .execute(&self.pool)
-            .await;
-            let left: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
-            )
-            .bind(&self.slot)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or(1);
-            if left == 0 {
-                break;
-            }
-            if Instant::now() >= deadline {
-                eprintln!(
-                    "could not drop replication slot {} (last error: {dropped:?}); drop it by hand",
-                    self.slot
-                );
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let mut statements = vec![
-            format!("DROP PUBLICATION IF EXISTS {}", self.publication),
-            format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
-        ];
-        if let Some(schema) = &self.store_schema {
-            statements.push(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
-        }
-        for sql in statements {
-            if let Err(e) = sqlx::raw_sql(&sql).execute(&self.pool).await {
-                eprintln!("cleanup: {sql}: {e}");
-            }
-        }
-        if let Some((url, database)) = &self.clickhouse {
-            let dropped = reqwest::Client::new()
-                .post(url)
-                .body(format!("DROP DATABASE IF EXISTS {database}"))
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await;
-            if let Err(e) = dropped {
-                eprintln!("cleanup: drop ClickHouse database {database}: {e}");
-            }
-        }
-    }
-}
-
-/// `X/Y` as a number.
-fn lsn(text: &str) -> u64 {
-    let (hi, lo) = text.split_once('/').expect("an LSN");
-    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
-}
-
-/// Runs `body`, then cleans up whatever happened (by then the body's server or child process
-/// is dropped, which stops it), then re-raises its panic.
-async fn with_app<F, Fut>(app: App, body: F)
-where
-    F: FnOnce(Arc<App>) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    use futures::FutureExt as _;
-    let app = Arc::new(app);
-    let outcome = std::panic::AssertUnwindSafe(body(Arc::clone(&app)))
-        .catch_unwind()
-        .await;
-    app.cleanup().await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-/// Waits (at most 30 s) until the in-process server's CDC source streams.
-async fn wait_streaming(server: &Running) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.core.metrics.cdc.state() != CdcState::Streaming {
-        assert!(
-            Instant::now() < deadline,
-            "the CDC source did not start: {:?}",
-            server.core.metrics.cdc.last_error()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use fixture::{
+    App, all_events, body_json, change_key, delivered_changes, key, lsn, run_transaction,
+    spawn_with, wait_metric, wait_streaming, with_app, workload,
+};
 
 /// Waits (bounded) until `$done` holds; panics with `$what` otherwise. A macro rather than a
 /// function taking a closure: a closure borrowing test state, held across awaits inside a
@@ -229,60 +48,6 @@ macro_rules! wait_until {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }};
-}
-
-/// What a delivery's body says the change was: (op, id, version); deletes carry only the
-/// key (version 0), a truncate neither (id -1).
-fn change_key(body: &Value) -> (String, i64, i64) {
-    let op = body["op"].as_str().unwrap_or_default().to_owned();
-    let row = if body["new"].is_object() {
-        &body["new"]
-    } else {
-        &body["old"]
-    };
-    (
-        op,
-        row["id"].as_i64().unwrap_or(-1),
-        row["version"].as_i64().unwrap_or(0),
-    )
-}
-
-fn key(op: &str, id: i64, version: i64) -> (String, i64, i64) {
-    (op.to_owned(), id, version)
-}
-
-/// The changes the receiver answered 200 for.
-fn delivered_changes(receiver: &Receiver) -> BTreeSet<(String, i64, i64)> {
-    receiver
-        .deliveries()
-        .iter()
-        .filter(|d| d.status == 200)
-        .map(|d| change_key(&body_json(&d.body)))
-        .collect()
-}
-
-fn body_json(body: &[u8]) -> Value {
-    serde_json::from_slice(body).expect("a JSON body")
-}
-
-/// Every event of `tenant` in the log store, through the API (pages of 1,000).
-async fn all_events(client: &Client, tenant: &str) -> Vec<Value> {
-    let mut events = Vec::new();
-    let mut next: Option<String> = None;
-    for _ in 0..100 {
-        let mut path = format!("/api/v1/tenants/{tenant}/events?limit=1000");
-        if let Some(cursor) = &next {
-            path.push_str(&format!("&next={cursor}"));
-        }
-        let page = client.get(&path).await;
-        assert_eq!(page.status, 200, "{page:?}");
-        events.extend(page.body["items"].as_array().cloned().unwrap_or_default());
-        match page.body["next"].as_str() {
-            Some(cursor) => next = Some(cursor.to_owned()),
-            None => return events,
-        }
-    }
-    panic!("more than 100 pages of events");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,7 +71,7 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
     let app = App::new(url).await;
     with_app(app, move |app| async move {
         let tenant = "shop";
-        let receiver = Receiver::start(Duration::ZERO).await;
+        let receiver = Receiver::start().await.expect("the receiver binds");
         let mut env = base_env();
         env.extend(app.cdc_env(tenant));
         env.insert(
@@ -339,7 +104,7 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
         let mut by_key: BTreeMap<(String, i64, i64), (String, Value)> = BTreeMap::new();
         for d in deliveries.iter().filter(|d| d.status == 200) {
             let body = body_json(&d.body);
-            by_key.insert(change_key(&body), (d.id().to_owned(), body));
+            by_key.insert(change_key(&body), (d.id.clone(), body));
         }
         let keys: Vec<(String, i64, i64)> = by_key.keys().cloned().collect();
         assert_eq!(
@@ -461,7 +226,7 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
             .filter(|key| !by_key.contains_key(key))
             .collect();
         assert_eq!(after, [key("insert", 10, 1)], "only the new change");
-        assert_eq!(receiver.duplicate_successes(), 0, "nothing was replayed");
+        assert_eq!(receiver.duplicates(), 0, "nothing was replayed");
         assert_eq!(
             server.core.metrics.cdc.changes.load(Ordering::Relaxed),
             1,
@@ -480,7 +245,7 @@ async fn a_change_for_a_missing_tenant_waits_unacknowledged_then_is_delivered() 
     let app = App::new(&url).await;
     with_app(app, |app| async move {
         let tenant = "late";
-        let receiver = Receiver::start(Duration::ZERO).await;
+        let receiver = Receiver::start().await.expect("the receiver binds");
         let mut env = base_env();
         env.extend(app.cdc_env(tenant));
         let server = start_server(env).await;
@@ -524,7 +289,7 @@ async fn a_second_process_on_the_same_slot_waits_and_takes_over() {
     let app = App::new(&url).await;
     with_app(app, |app| async move {
         let tenant = "shop";
-        let receiver = Receiver::start(Duration::ZERO).await;
+        let receiver = Receiver::start().await.expect("the receiver binds");
         let mut env = base_env();
         env.extend(app.cdc_env(tenant));
         let active = start_server(env.clone()).await;
@@ -564,7 +329,7 @@ async fn a_broken_stream_restarts_and_loses_nothing() {
     let app = App::new(&url).await;
     with_app(app, |app| async move {
         let tenant = "shop";
-        let receiver = Receiver::start(Duration::ZERO).await;
+        let receiver = Receiver::start().await.expect("the receiver binds");
         let mut env = base_env();
         env.extend(app.cdc_env(tenant));
         let server = start_server(env).await;
@@ -602,161 +367,12 @@ async fn a_broken_stream_restarts_and_loses_nothing() {
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(delivered_changes(&receiver).len(), 100);
-        assert_eq!(receiver.duplicate_successes(), 0, "nothing delivered twice");
+        assert_eq!(receiver.duplicates(), 0, "nothing delivered twice");
         assert_eq!(all_events(&client, tenant).await.len(), 100);
         assert_eq!(metrics.state(), CdcState::Streaming);
         server.shutdown().await;
     })
     .await;
-}
-
-/// One statement of the application's workload.
-#[derive(Debug, Clone, Copy)]
-enum AppOp {
-    Insert(i64),
-    Update { id: i64, version: i64 },
-    Delete(i64),
-}
-
-impl AppOp {
-    /// What the receiver will see for it: see [`change_key`].
-    fn key(self) -> (String, i64, i64) {
-        match self {
-            AppOp::Insert(id) => ("insert".into(), id, 1),
-            AppOp::Update { id, version } => ("update".into(), id, version),
-            AppOp::Delete(id) => ("delete".into(), id, 0),
-        }
-    }
-}
-
-/// Seed of the workload's generator (a fixed LCG: the same transactions every run).
-const WORKLOAD_SEED: u64 = 0x5eaf_0cdc_2000;
-
-/// 2,000 inserts in transactions of 1 to 20 rows, two of 600 (over the default 512-row
-/// cap, so each arrives in several messages), with updates of earlier rows in every third
-/// transaction and deletes in every fifth. Every change is distinct: an update bumps the
-/// row's version, a row is deleted at most once.
-fn workload() -> Vec<Vec<AppOp>> {
-    let mut state = WORKLOAD_SEED;
-    let mut random = move |below: usize| {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        usize::try_from(state >> 33).unwrap_or(0) % below
-    };
-    let mut transactions = Vec::new();
-    let mut live: Vec<(i64, i64)> = Vec::new();
-    let mut next_id = 1;
-    while next_id <= 2_000 {
-        let n = transactions.len();
-        let mut ops = Vec::new();
-        if n % 3 == 2 {
-            for _ in 0..=random(5) {
-                if live.is_empty() {
-                    break;
-                }
-                let i = random(live.len());
-                live[i].1 += 1;
-                ops.push(AppOp::Update {
-                    id: live[i].0,
-                    version: live[i].1,
-                });
-            }
-        }
-        if n % 5 == 4 {
-            for _ in 0..=random(3) {
-                if live.is_empty() {
-                    break;
-                }
-                let (id, _) = live.swap_remove(random(live.len()));
-                ops.push(AppOp::Delete(id));
-            }
-        }
-        let inserts = if n == 10 || n == 60 {
-            600
-        } else {
-            1 + random(20)
-        };
-        for _ in 0..inserts {
-            if next_id > 2_000 {
-                break;
-            }
-            ops.push(AppOp::Insert(next_id));
-            live.push((next_id, 1));
-            next_id += 1;
-        }
-        transactions.push(ops);
-    }
-    transactions
-}
-
-/// Runs one transaction of the workload (consecutive inserts as one statement).
-async fn run_transaction(pool: &PgPool, table: &str, ops: &[AppOp]) {
-    let mut tx = pool.begin().await.expect("begin");
-    let mut inserts: Vec<i64> = Vec::new();
-    for op in ops {
-        match *op {
-            AppOp::Insert(id) => inserts.push(id),
-            AppOp::Update { id, version } => {
-                sqlx::query(&format!(
-                    "UPDATE {table} SET version = $2, note = 'v' || $2 WHERE id = $1"
-                ))
-                .bind(id)
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .expect("update");
-            }
-            AppOp::Delete(id) => {
-                sqlx::query(&format!("DELETE FROM {table} WHERE id = $1"))
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .expect("delete");
-            }
-        }
-    }
-    if !inserts.is_empty() {
-        sqlx::query(&format!(
-            "INSERT INTO {table} SELECT g, 1, 'row ' || g FROM unnest($1::int8[]) g"
-        ))
-        .bind(&inserts)
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
-    }
-    tx.commit().await.expect("commit");
-}
-
-/// Starts the real binary off the async threads (it blocks until the child listens).
-async fn spawn_sheaf(env: Vec<(String, String)>) -> Sheaf {
-    tokio::task::spawn_blocking(move || {
-        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Sheaf::spawn(&pairs)
-    })
-    .await
-    .expect("spawn sheaf")
-}
-
-/// Polls a metric of a `sheaf` process until `done` holds (bounded); returns its value.
-async fn wait_metric(
-    client: &Client,
-    name: &str,
-    timeout: Duration,
-    done: impl Fn(f64) -> bool,
-) -> f64 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let value = client.metric(name).await;
-        if done(value) {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} = {value} after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -771,7 +387,7 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
     app.clickhouse = Some((clickhouse.clone(), database.clone()));
     with_app(app, move |app| async move {
         let tenant = "app";
-        let receiver = Receiver::start(Duration::ZERO).await;
+        let receiver = Receiver::start().await.expect("the receiver binds");
         let mut env: Vec<(String, String)> = [
             ("SHEAF_QUEUE", "postgres"),
             ("SHEAF_LOG_STORE", "clickhouse"),
@@ -797,7 +413,7 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
         // re-read in the other shape is still recognised.
         let mut first_env = env.clone();
         first_env.push(("SHEAF_CDC_BATCH_TRANSACTIONS".into(), "true".into()));
-        let first = spawn_sheaf(first_env).await;
+        let first = spawn_with(&first_env).await;
         let client = Client::new(first.addr);
         client
             .tenant_with_destination(tenant, &receiver.url())
@@ -835,10 +451,10 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
         });
         let committed_at_kill = committed.load(Ordering::Relaxed);
         let delivered_at_kill = receiver.delivered_ids().len();
-        first.kill();
+        kill(first);
         let killed = Instant::now();
 
-        let second = spawn_sheaf(env).await;
+        let second = spawn_with(&env).await;
         let listening = killed.elapsed();
         let client = Client::new(second.addr);
         wait_metric(
@@ -882,7 +498,7 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
             ids_per_change
                 .entry(change_key(&body_json(&d.body)))
                 .or_default()
-                .insert(d.id().to_owned());
+                .insert(d.id.clone());
         }
         let split: Vec<_> = ids_per_change
             .iter()
@@ -920,7 +536,7 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
             "the restart re-read changes published before the kill"
         );
         let requests = deliveries.len();
-        let repeated = receiver.duplicate_successes();
+        let repeated = receiver.duplicates();
         println!(
             "cdc end to end (postgres queue + clickhouse log, SIGKILL mid-stream): \
              {changes_written} changes written in {} transactions (writer at {committed_at_kill} \
@@ -936,7 +552,7 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
             first_change.as_millis(),
             all_delivered.as_millis(),
         );
-        second.stop();
+        stop_clean(second).await;
     })
     .await;
 }

@@ -12,126 +12,20 @@ use sheaf_server::http::auth::Access;
 use sheaf_server::http::routes::{Route, routes};
 use sheaf_server::settings::TokenKey;
 use sheaf_server::{Config, Stores};
-use sheaf_store::{Destination, DestinationId, TenantId, Timestamp, Topics};
+use sheaf_store::{DestinationId, TenantId, Topics};
+use sheaf_testenv::receiver::{Failing, Receiver};
 
-use crate::support::{Answer, Client, Receiver, Sheaf, env_with, start_server};
+use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
+
+mod walk;
+
+use walk::{fixture, forms, issue_token, secrets_of, send, stored_destination, victim_state};
 
 const KEY: &str = "security-admin-key-0123456789";
 /// 32 bytes, base64: the token signing key of these tests.
 const SIGNING_KEY: &str = "dG9rZW4tc2lnbmluZy1rZXktZm9yLXRoZS10ZXN0cyE=";
 /// 32 bytes, base64: the secrets key of these tests.
 const SECRETS_KEY: &str = "c2VjcmV0cy1rZXktZm9yLXRoZS10ZXN0cy0wMTIzNDU=";
-
-/// Everything a walk needs to fill a route's path and body for one tenant.
-struct Fixture {
-    tenant: String,
-    destination: String,
-    event: String,
-    attempt: String,
-    receiver_url: String,
-}
-
-impl Fixture {
-    fn path(&self, route: &Route) -> String {
-        route
-            .path
-            .replace("{tenant_id}", &self.tenant)
-            .replace("{destination_id}", &self.destination)
-            .replace("{event_id}", &self.event)
-            .replace("{attempt_id}", &self.attempt)
-    }
-
-    /// A valid body for the route's request schema. A new schema in the route table fails
-    /// here until it has an example, so a new route cannot be walked without a body.
-    fn body(&self, route: &Route) -> Option<Value> {
-        let schema = route.request?;
-        Some(match schema {
-            "TenantInput" => json!({ "metadata": { "changed": "by-the-walk" } }),
-            "TokenInput" => json!({ "ttl_seconds": 600 }),
-            "DestinationInput" => json!({
-                "type": "webhook", "topics": ["*"], "config": { "url": self.receiver_url }
-            }),
-            "DestinationPatch" => json!({ "enabled": false, "topics": ["walk.changed"] }),
-            "PublishInput" => json!({
-                "tenant_id": self.tenant, "topic": "walk.published", "data": { "walk": true }
-            }),
-            "RetryInput" => json!({ "event_id": self.event, "destination_id": self.destination }),
-            other => panic!(
-                "route {} {} takes a {other} body: add an example to Fixture::body",
-                route.method, route.path
-            ),
-        })
-    }
-}
-
-/// Creates `tenant` with a destination at `receiver`, publishes one event and waits for its
-/// delivery, so the walk has a real destination, event and attempt to name.
-async fn fixture(admin: &Client, tenant: &str, receiver: &Receiver) -> Fixture {
-    let destination = admin.tenant_with_destination(tenant, &receiver.url()).await;
-    let event = format!("{tenant}-event");
-    assert_eq!(
-        admin
-            .publish(tenant, &event, json!({ "n": 1 }))
-            .await
-            .status,
-        202
-    );
-    let ids: HashSet<String> = [event.clone()].into();
-    assert!(receiver.wait_for(&ids, Duration::from_secs(20)).await);
-    // The attempt is logged just after the receiver answered: wait for it (bounded).
-    let mut attempts = Vec::new();
-    for _ in 0..100 {
-        attempts = admin.attempts_of(tenant, &event).await;
-        if !attempts.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!attempts.is_empty(), "the delivery's attempt is logged");
-    Fixture {
-        tenant: tenant.to_owned(),
-        destination: destination["id"].as_str().unwrap().to_owned(),
-        event,
-        attempt: attempts[0]["id"].as_str().unwrap().to_owned(),
-        receiver_url: receiver.url(),
-    }
-}
-
-async fn send(client: &Client, route: &Route, fixture: &Fixture) -> Answer {
-    client
-        .send(
-            route.method.as_str(),
-            &fixture.path(route),
-            fixture.body(route),
-        )
-        .await
-}
-
-async fn issue_token(admin: &Client, tenant: &str, ttl: u64) -> Answer {
-    admin
-        .send(
-            "POST",
-            &format!("/api/v1/tenants/{tenant}/tokens"),
-            Some(json!({ "ttl_seconds": ttl })),
-        )
-        .await
-}
-
-/// What the walk must not have changed about the victim: its tenant, destinations (secrets
-/// included), events and deliveries.
-async fn victim_state(admin: &Client, fixture: &Fixture, receiver: &Receiver) -> Value {
-    let tenant = &fixture.tenant;
-    json!({
-        "tenant": admin.get(&format!("/api/v1/tenants/{tenant}")).await.body,
-        "destinations": admin.get(&format!("/api/v1/tenants/{tenant}/destinations")).await.body,
-        "events": admin.get(&format!("/api/v1/tenants/{tenant}/events")).await.body["items"]
-            .as_array().unwrap().iter().map(|e| e["id"].clone()).collect::<Vec<_>>(),
-        "attempts": admin.get(&format!("/api/v1/tenants/{tenant}/attempts")).await.body["items"]
-            .as_array().unwrap().len(),
-        "dead_letters": admin.get(&format!("/api/v1/tenants/{tenant}/dead-letters")).await.body,
-        "deliveries": receiver.deliveries().len(),
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_token_reaches_its_own_tenant_only_on_every_route() {
@@ -142,8 +36,8 @@ async fn a_tenant_token_reaches_its_own_tenant_only_on_every_route() {
     ]))
     .await;
     let admin = Client::new(server.addr).with_key(KEY);
-    let victim_receiver = Receiver::start(Duration::ZERO).await;
-    let intruder_receiver = Receiver::start(Duration::ZERO).await;
+    let victim_receiver = Receiver::start().await.expect("the receiver binds");
+    let intruder_receiver = Receiver::start().await.expect("the receiver binds");
     let victim = fixture(&admin, "victim", &victim_receiver).await;
     let intruder = fixture(&admin, "intruder", &intruder_receiver).await;
 
@@ -286,27 +180,6 @@ async fn without_a_signing_key_no_token_is_issued_or_accepted() {
     server.shutdown().await;
 }
 
-fn secrets_of(destination: &Value) -> Vec<String> {
-    let mut secrets = vec![
-        destination["credentials"]["secret"]
-            .as_str()
-            .unwrap()
-            .to_owned(),
-    ];
-    if let Some(previous) = destination["credentials"]["previous_secret"]["secret"].as_str() {
-        secrets.push(previous.to_owned());
-    }
-    secrets
-}
-
-/// A secret and the base64 key inside it: neither may appear where the secret must not.
-fn forms(secret: &str) -> [String; 2] {
-    [
-        secret.to_owned(),
-        secret.strip_prefix("whsec_").unwrap().to_owned(),
-    ]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_are_sealed_in_the_memory_store_and_plaintext_rows_still_read() {
     let stores = Stores::memory();
@@ -314,7 +187,7 @@ async fn secrets_are_sealed_in_the_memory_store_and_plaintext_rows_still_read() 
     let config = Config::load(env_with(&[("SHEAF_SECRETS_KEY", SECRETS_KEY)])).unwrap();
     let server = sheaf_server::start_with(config, stores).await.unwrap();
     let client = Client::new(server.addr);
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let receiver = Receiver::start().await.expect("the receiver binds");
     let created = client
         .tenant_with_destination("sealed", &receiver.url())
         .await;
@@ -345,24 +218,10 @@ async fn secrets_are_sealed_in_the_memory_store_and_plaintext_rows_still_read() 
     }
 
     // A destination written before a key was configured (plaintext) still reads and signs.
-    let legacy_id = DestinationId::generate();
-    let now = Timestamp::now();
     let legacy_secret = "whsec_bGVnYWN5LXNlY3JldC1rZXktMDEyMzQ1Njc4OWFi";
-    raw.create_destination(&Destination {
-        id: legacy_id,
-        tenant_id: tenant.clone(),
-        kind: sheaf_store::DestinationKind::Webhook,
-        url: receiver.url(),
-        topics: Topics::All,
-        headers: Default::default(),
-        enabled: true,
-        secret: sheaf_store::Secret::new(legacy_secret).unwrap(),
-        previous_secret: None,
-        created_at: now,
-        updated_at: now,
-    })
-    .await
-    .unwrap();
+    let legacy = stored_destination(&tenant, receiver.url(), Topics::All, legacy_secret);
+    let legacy_id = legacy.id;
+    raw.create_destination(&legacy).await.unwrap();
     let read = client
         .get(&format!("/api/v1/tenants/sealed/destinations/{legacy_id}"))
         .await;
@@ -386,7 +245,7 @@ async fn postgres_rows_hold_no_plaintext_secret_and_a_wrong_key_is_named() {
     with_key.push(("SHEAF_SECRETS_KEY", SECRETS_KEY));
     let server = start_server(env_with(&with_key)).await;
     let client = Client::new(server.addr);
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let receiver = Receiver::start().await.expect("the receiver binds");
     let created = client
         .tenant_with_destination("pgsealed", &receiver.url())
         .await;
@@ -410,7 +269,7 @@ async fn postgres_rows_hold_no_plaintext_secret_and_a_wrong_key_is_named() {
         202
     );
     let ids: HashSet<String> = ["sealed-1".to_owned()].into();
-    assert!(receiver.wait_for(&ids, Duration::from_secs(20)).await);
+    assert!(receiver.delivers_all(&ids, Duration::from_secs(20)).await);
     server.shutdown().await;
 
     let pool = sqlx::PgPool::connect(&postgres).await.unwrap();
@@ -489,9 +348,13 @@ async fn no_secret_reaches_the_logs_at_debug_level() {
             ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
         ]);
     }
-    let sheaf = Sheaf::spawn(&env);
+    let sheaf = spawn_sheaf(&env).await;
     let admin = Client::new(sheaf.addr).with_key(KEY);
-    let receiver = Receiver::start(Duration::from_millis(1500)).await;
+    let receiver = Receiver::builder()
+        .failing(Failing::ForAfterFirst(Duration::from_millis(1500)))
+        .start()
+        .await
+        .expect("the receiver binds");
     let created = admin
         .tenant_with_destination("logged", &receiver.url())
         .await;
@@ -506,7 +369,7 @@ async fn no_secret_reaches_the_logs_at_debug_level() {
         202
     );
     let first: HashSet<String> = ["log-1".to_owned()].into();
-    assert!(receiver.wait_for(&first, Duration::from_secs(30)).await);
+    assert!(receiver.delivers_all(&first, Duration::from_secs(30)).await);
     assert!(
         receiver.deliveries().iter().any(|d| d.status == 503),
         "a delivery failed and was retried"
@@ -537,7 +400,7 @@ async fn no_secret_reaches_the_logs_at_debug_level() {
         .await;
     assert_eq!(retried.status, 202, "{retried:?}");
     let both: HashSet<String> = ["log-1".to_owned(), "log-2".to_owned()].into();
-    assert!(receiver.wait_for(&both, Duration::from_secs(30)).await);
+    assert!(receiver.delivers_all(&both, Duration::from_secs(30)).await);
     let token = issue_token(&admin, "logged", 600).await.body["token"]
         .as_str()
         .unwrap()
@@ -555,7 +418,7 @@ async fn no_secret_reaches_the_logs_at_debug_level() {
         if receiver
             .deliveries()
             .iter()
-            .filter(|d| d.id() == "log-1" && d.status == 200)
+            .filter(|d| d.id == "log-1" && d.status == 200)
             .count()
             >= 2
         {
@@ -564,7 +427,7 @@ async fn no_secret_reaches_the_logs_at_debug_level() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let log = sheaf.log();
-    sheaf.stop();
+    stop_clean(sheaf).await;
 
     let debug_lines = log.lines().filter(|l| l.contains("DEBUG")).count();
     println!(
@@ -609,7 +472,7 @@ async fn the_guard_refuses_loopback_at_connect_time() {
     .unwrap();
     let server = sheaf_server::start_with(config, stores).await.unwrap();
     let client = Client::new(server.addr);
-    let receiver = Receiver::start(Duration::ZERO).await;
+    let receiver = Receiver::start().await.expect("the receiver binds");
     assert_eq!(
         client
             .send("PUT", "/api/v1/tenants/guarded", None)
@@ -625,25 +488,15 @@ async fn the_guard_refuses_loopback_at_connect_time() {
         ("literal", format!("http://127.0.0.1:{port}/hook")),
         ("mapped", format!("http://[::ffff:127.0.0.1]:{port}/hook")),
     ] {
-        let id = DestinationId::generate();
-        let now = Timestamp::now();
-        raw.create_destination(&Destination {
-            id,
-            tenant_id: tenant.clone(),
-            kind: sheaf_store::DestinationKind::Webhook,
+        let topics = Topics::from_list(vec![format!("guard.{name}")]).unwrap();
+        let destination = stored_destination(
+            &tenant,
             url,
-            topics: Topics::from_list(vec![format!("guard.{name}")]).unwrap(),
-            headers: Default::default(),
-            enabled: true,
-            secret: sheaf_store::Secret::new("whsec_Z3VhcmQtc2VjcmV0LTAxMjM0NTY3ODlhYmNkZWY=")
-                .unwrap(),
-            previous_secret: None,
-            created_at: now,
-            updated_at: now,
-        })
-        .await
-        .unwrap();
-        ids.insert(name, id);
+            topics,
+            "whsec_Z3VhcmQtc2VjcmV0LTAxMjM0NTY3ODlhYmNkZWY=",
+        );
+        raw.create_destination(&destination).await.unwrap();
+        ids.insert(name, destination.id);
     }
     for name in ids.keys() {
         let published = client
@@ -682,25 +535,16 @@ async fn the_guard_refuses_loopback_at_connect_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_are_not_followed() {
-    use axum::http::{StatusCode, header};
-    let target = Receiver::start(Duration::ZERO).await;
-    let location = target.url();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let redirector = listener.local_addr().unwrap();
-    let app = axum::Router::new().fallback(move || {
-        let location = location.clone();
-        async move {
-            (
-                StatusCode::TEMPORARY_REDIRECT,
-                [(header::LOCATION, location)],
-            )
-        }
-    });
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+    let target = Receiver::start().await.expect("the receiver binds");
+    let redirector = Receiver::builder()
+        .redirect_to(target.url())
+        .start()
+        .await
+        .expect("the redirecting receiver binds");
     let server = start_server(env_with(&[("SHEAF_RETRY_MAX_ATTEMPTS", "1")])).await;
     let client = Client::new(server.addr);
     client
-        .tenant_with_destination("redirected", &format!("http://{redirector}/hook"))
+        .tenant_with_destination("redirected", &redirector.url())
         .await;
     assert_eq!(
         client.publish("redirected", "r-1", json!({})).await.status,
@@ -727,5 +571,4 @@ async fn redirects_are_not_followed() {
         "the redirect was not followed"
     );
     server.shutdown().await;
-    serving.abort();
 }
