@@ -1,4 +1,5 @@
-//! `cargo xtask bench <scenario>…|all [--quick]`: the seeds' experiments on the real servers.
+//! `cargo xtask bench <scenario>…|all [--quick]`: the experiments behind Sheaf's mechanisms, on
+//! the real servers, each measuring Sheaf and the design it replaces (docs/benchmarks.md).
 //!
 //! Starts Postgres and ClickHouse (like `test`, and stops only what it started), builds the
 //! `sheaf` binary when a scenario spawns it, then runs the `sheaf-bench` binary of the

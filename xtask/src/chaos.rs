@@ -1,4 +1,5 @@
-//! `cargo xtask chaos [SCENARIO…|all] [--quick]`: the fault suite (issue 10), on servers of its own.
+//! `cargo xtask chaos [SCENARIO…|all] [--quick]`: the fault suite (kills, database restarts,
+//! shutdown, CDC; docs/operations.md), on servers of its own.
 //!
 //! The scenarios stop and restart Postgres and ClickHouse under load, so they never touch the
 //! servers `services up` runs for the suites (Postgres `15/main`, ClickHouse in

@@ -6,10 +6,11 @@ use anyhow::Context;
 use std::process::{Command, ExitCode};
 
 /// Starts the services, runs every suite with their URLs, then every benchmark scenario at
-/// its quick size (issue 9: each must still run to completion; nothing there judges timing),
-/// then every fault scenario at its quick size (issue 10: on servers of its own, which it
-/// starts and stops; a scenario that loses an event fails the run), and stops what it
-/// started, also when a suite fails.
+/// its quick size (each must still run to completion, so a benchmark cannot rot unnoticed;
+/// nothing there judges timing, which a shared CI machine cannot measure fairly), then every
+/// fault scenario at its quick size (on servers of its own, which it starts and stops; a
+/// scenario that loses an event fails the run), and stops what it started, also when a suite
+/// fails.
 pub fn test(runner_args: &[&str]) -> anyhow::Result<ExitCode> {
     let env = services::up()?;
     env.print();

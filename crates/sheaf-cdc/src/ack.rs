@@ -4,18 +4,17 @@
 //! stamped position ([`crate::Change::ack_lsn`]). Acknowledgements may arrive in any
 //! order (a consumer may publish rows concurrently), but the confirmed position only
 //! moves over the longest fully acknowledged prefix, so the slot never passes a row
-//! that is still being handled. Seed 004: "Acknowledgements advance the slot only in
-//! order."
+//! that is still being handled: acknowledgements advance the slot only in order.
 //!
 //! A flush whose rows were all dropped by the filter (or a transaction without rows,
 //! such as a heartbeat) is tracked as a row-less checkpoint: born acknowledged, resolved
 //! as soon as everything before it is, so a filter-only stretch cannot park
-//! `confirmed_flush_lsn` (seed 004, self-review).
+//! `confirmed_flush_lsn` (and with it the WAL the server must retain).
 //!
 //! At most `checkpoint_limit` rows are handed off and not yet confirmed; the reader
 //! waits for room before handing off more, except that a batch is always admitted when
-//! nothing is pending (so in-flight rows exceed the limit by at most one batch, the
-//! seed's documented overshoot; Sheaf's row cap of half the limit keeps it within it).
+//! nothing is pending (so in-flight rows exceed the limit by at most one batch, a known
+//! overshoot of this admission rule; Sheaf's row cap of half the limit keeps it within it).
 
 use std::collections::VecDeque;
 use std::fmt;

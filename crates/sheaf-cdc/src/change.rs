@@ -5,6 +5,9 @@
 //! reference-counted), so a decoded row costs one small allocation for its cell list
 //! however wide it is. JSON is made when the consumer asks ([`Change::to_json`]), on
 //! the consumer's side of the channel.
+//!
+//! Longer than 600 lines because the relation cache, the decoder's transaction state and the
+//! change it produces are one flow from message to event, read best together.
 
 use std::collections::HashMap;
 use std::fmt;

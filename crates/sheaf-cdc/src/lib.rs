@@ -1,7 +1,7 @@
 //! Postgres logical replication for Sheaf: changes read from a slot with
 //! `pgwire-replication`, decoded by Sheaf's own pgoutput decoder, grouped per
 //! transaction, handed to a consumer over a buffered channel, and acknowledged exactly,
-//! so a restart re-reads what was not acknowledged and nothing that was (seed 004).
+//! so a restart re-reads what was not acknowledged and nothing that was.
 //!
 //! # Using it (the service's CDC source)
 //!

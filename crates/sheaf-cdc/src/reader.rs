@@ -8,6 +8,10 @@
 //!
 //! The Postgres source ([`crate::CdcSource`]) drives a [`StreamReader`] from
 //! `pgwire-replication`; tests and benchmarks drive it with synthetic events.
+//!
+//! Longer than 600 lines because the options, the transaction batcher, the reader and the stream
+//! it feeds share the private reader batch and its acknowledgement stamps, which read best in one
+//! place.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -24,20 +28,25 @@ use crate::change::{Change, ChangeDecoder, Decoded};
 use crate::pgoutput::{Begin, Commit};
 use crate::{Error, Lsn, Result};
 
-/// Depth of the reader → consumer channel, in reader batches. Seed 004: a buffered
-/// channel of depth 4 lets decoding overlap downstream work, where one row per
-/// unbuffered send kept reader and consumer in lockstep (~81–85 MB/s whatever the cores).
+/// Depth of the reader → consumer channel, in reader batches. A buffered channel of
+/// depth 4 lets decoding overlap downstream work, where one row per unbuffered send keeps
+/// reader and consumer in lockstep (~81–85 MB/s whatever the cores in the per-transaction
+/// batching experiment: docs/benchmarks.md, "cdc", earlier measurements).
 pub const CHANNEL_DEPTH: usize = 4;
 
-/// Upper bound of the row cap, whatever `checkpoint_limit` is (seed 004).
+/// Upper bound of the row cap, whatever `checkpoint_limit` is: the cap is
+/// `min(1000, checkpoint_limit / 2)`, so a large limit still gives batches of at most
+/// 1,000 rows.
 pub const MAX_BATCH_ROWS: usize = 1000;
 
 /// A reader batch is flushed before it grows past this many bytes of WAL (pgoutput
-/// message bytes, not decoded size), seed 004's 4 MiB.
+/// message bytes, not decoded size): 4 MiB. With the channel's depth it bounds the WAL a
+/// stalled consumer leaves buffered, to (depth + 1) × 4 MiB, counting the batch the reader
+/// is blocked handing over (docs/benchmarks.md, "cdc").
 pub const MAX_BATCH_WAL_BYTES: usize = 4 * 1024 * 1024;
 
-/// Default `checkpoint_limit`: 1024 rows in flight, which makes the default row cap 512
-/// (seed 004: "min(1000, checkpoint_limit/2) (512 by default)").
+/// Default `checkpoint_limit`: 1024 rows in flight, which makes the default row cap
+/// `min(1000, checkpoint_limit / 2)` = 512.
 pub const DEFAULT_CHECKPOINT_LIMIT: usize = 1024;
 
 /// Decides whether a change is delivered; `false` drops it. Runs on the reader, on each
@@ -60,7 +69,7 @@ pub struct BatchingPolicy {
 pub struct StreamOptions {
     /// Most rows handed to the consumer and not yet confirmed (acknowledged in order).
     /// The reader waits for room beyond it; its reader batches hold at most
-    /// `min(1000, checkpoint_limit / 2)` rows so two fit in flight (seed 004). A batch is
+    /// `min(1000, checkpoint_limit / 2)` rows so two fit in flight. A batch is
     /// always admitted when nothing is pending, so in-flight rows can pass the limit by
     /// at most one batch. Default [`DEFAULT_CHECKPOINT_LIMIT`].
     pub checkpoint_limit: usize,
@@ -73,7 +82,11 @@ pub struct StreamOptions {
     /// message: a multi-row write that rolls back takes every row of the transaction with
     /// it, a dead-letter route receives all of them, and a retry repeats all of them —
     /// a transaction with one permanently bad row stalls the stream where one row per
-    /// message would have delivered the others first (seed 004's sink/DLQ example).
+    /// message would have delivered the others first. For example, a sink that inserts a
+    /// message's rows with one multi-row `INSERT` and routes failures to a dead-letter
+    /// table: when one row of a transaction violates a unique constraint, one message per
+    /// row lands the others and dead-letters that row, while one message per transaction
+    /// rolls back all of them and dead-letters the whole transaction.
     /// Transactions larger than the row cap or 4 MiB of WAL still arrive in several
     /// messages. Cannot be combined with `batching`, which would re-batch them.
     pub batch_transactions: bool,
@@ -170,8 +183,10 @@ pub enum WalEvent {
 /// Groups decoded rows per transaction. Flushes at the commit, or before a row that
 /// would go past the row cap or the byte cap: caps are checked before a row is
 /// appended, so a transaction landing exactly on the cap still closes with its commit
-/// (seed 004, self-review: checking after the append stamped such a transaction with
-/// its last row, and a restart replayed all of it).
+/// (checking after the append flushed such a transaction before its commit was seen and
+/// stamped it with its last row; had another transaction been acknowledged before it, the
+/// slot would have been confirmed mid-transaction and a restart would have replayed all of
+/// it).
 #[derive(Debug)]
 pub struct TransactionBatcher {
     row_cap: usize,

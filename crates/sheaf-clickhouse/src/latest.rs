@@ -1,5 +1,5 @@
-//! The latest-attempt lookups: one key with a point query, many keys with seed 000's batched
-//! query shape.
+//! The latest-attempt lookups: one key with a point query, many keys with a two-step batched
+//! query shape that reads payloads only for the rows it returns.
 //!
 //! The batched query has two steps in one statement. A grouped subquery finds, for every
 //! `(tenant, event, destination)` asked, the `(time, id)` of its newest attempt no older than the
@@ -14,7 +14,8 @@
 //! limit, keys whose triple is missing are looked up one by one. A server that refuses the
 //! setting (unknown, read-only, constrained) gets the same query without it; the store notices
 //! that once and remembers. The answer is the same, the bytes are not: on 200,000 attempts a
-//! 100-key batch read 2.8 MB with the setting and 6.1 MB without, at the same CPU (~40 ms).
+//! 100-key batch read 2.8 MB with the setting and 6.1 MB without, at the same CPU (~40 ms;
+//! docs/benchmarks.md, "sheaf-clickhouse's cost test").
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;

@@ -5,7 +5,7 @@
 //! let mut config = ClickHouseConfig::new("http://127.0.0.1:8123", "sheaf");
 //! config.user = Some("sheaf".into());
 //! config.password = Some(password);
-//! config.write.max_wait = Duration::from_millis(500);   // seed 001: 1–2 s on hot tables
+//! config.write.max_wait = Duration::from_millis(500);   // 1–2 s on hot partitioned tables
 //! config.retention = Some(Duration::from_secs(30 * 86_400));
 //! let store = ClickHouseLogStore::connect(config)?;      // inside a tokio runtime; no I/O
 //! store.migrate().await?;                                // idempotent, on every start
@@ -15,8 +15,8 @@
 //! - **Writes** go through two [`WriteCoalescer`](sheaf_coalesce::WriteCoalescer)s, one per
 //!   table, each writing what it gathered as one RowBinary `INSERT`; `insert_many` returns when
 //!   the writes carrying its records are done. Parts are bounded per wait window, not per call
-//!   (seed 001); the bounds and the wait are [`ClickHouseConfig::write`].
-//! - **Latest attempts** use seed 000's batched shape (see `latest.rs`): a grouped subquery for
+//!   (docs/benchmarks.md, "parts"); the bounds and the wait are [`ClickHouseConfig::write`].
+//! - **Latest attempts** use a two-step batched shape (see `latest.rs`): a grouped subquery for
 //!   the newest `(time, id)` per key since the oldest key's bound, the rows by those keys under
 //!   an outer `LIMIT` with `query_plan_max_limit_for_lazy_materialization`, each key's own bound
 //!   and the deduplication of unmerged copies in Rust, a one-by-one fallback when the result
@@ -35,22 +35,24 @@
 //! when configured, expires rows by their own time; ClickHouse removes them when it merges.
 //!
 //! **`attempts` is ordered by `(tenant_id, event_id, destination_id, attempt_time, attempt_id)`**,
-//! the layout BRIEF.md measured for point reads, instead of the seed's `(attempt_time,
-//! attempt_id)`. A latest-attempt key is then a primary-key range, so a batch costs the same
-//! whether its keys are minutes or weeks apart; in the time-ordered layout a key costs a
-//! granule of payloads and a batch is cheap only when its keys are close in time (hence the
-//! seed's 15-minute split, which this backend does not need but does not mind).
+//! a layout for point reads, instead of the time-ordered `(attempt_time, attempt_id)` baseline
+//! (docs/benchmarks.md, "lookup", earlier measurements). A latest-attempt key is then a
+//! primary-key range, so a batch costs the same whether its keys are minutes or weeks apart; in
+//! the time-ordered layout a key costs a granule of payloads and a batch is cheap only when its
+//! keys are close in time (hence the retry path's 15-minute split, which this backend does not
+//! need but does not mind).
 //!
-//! **Granules: `index_granularity = 256`, `index_granularity_bytes = 65536`.** The server reads
-//! a returned row's payload lazily, but a `String` column is read from its granule's start, so
-//! a lookup pays for the payloads before its row in the granule: read bytes follow the
-//! granule's byte size, not its row count. Measured on 200,000 attempts with ~2 KB payloads
-//! (100-key batches, keys in pairs): 256 rows per granule read 177 KB per key; a byte bound
-//! of 128 KiB 50 KB; 64 KiB 26–32 KB; 32 rows 26 KB; server CPU stayed at 40–65 ms per batch
-//! in all of them (it is per-query work). At 64 KiB the payload skipped is about the size of
-//! the key columns read, and each further halving doubles the primary index (~100 B per
+//! **Granules: `index_granularity = 256`, `index_granularity_bytes = 65536`.** The server reads a
+//! returned row's payload lazily, but a `String` column is read from its granule's start, so a
+//! lookup pays for the payloads before its row in the granule: read bytes follow the granule's byte
+//! size, not its row count. Measured on 200,000 attempts with ~2 KB payloads (100-key batches, keys
+//! in pairs; docs/benchmarks.md, "sheaf-clickhouse's cost test"): 256 rows per granule read 177 KB
+//! per key; a byte bound of 128 KiB 50 KB; 64 KiB 26–32 KB; 32 rows 26 KB; server CPU stayed at
+//! 40–65 ms per batch in all of them (it is per-query work). At 64 KiB the payload skipped is about
+//! the size of the key columns read, and each further halving doubles the primary index (~100 B per
 //! granule) for little. A byte bound also adapts: ~30 rows per granule at 2 KB payloads, the
-//! 256-row cap for small ones, one row at the seed's 90 KB average.
+//! 256-row cap for small ones, one row at the ~90 KB average payload of the retry-lookup
+//! experiment's table (docs/benchmarks.md, "lookup", earlier measurements).
 //!
 //! **Listings newest first: a projection, not a skip index.** `by_tenant_time` holds the key and
 //! filter columns ordered by `(tenant_id, time, id)`. A listing finds the page's keys there
@@ -79,16 +81,17 @@
 //! `cargo test -p sheaf-clickhouse --test main -- cost --nocapture` with the servers up
 //! (`cargo xtask services up`) prints this, from `system.query_log`: 200,000 attempts, ~2 KB
 //! payloads over 30 days, keys spread over the month, medians per looked-up key, the same
-//! queries on both layouts, one run on 2 cores (ClickHouse 26.9):
+//! queries on both layouts, one run on 2 cores (ClickHouse 26.9; kept with the other measurements
+//! in docs/benchmarks.md, "sheaf-clickhouse's cost test"):
 //!
 //! | layout | lookup | read bytes / key | server CPU / key |
 //! |---|---|---|---|
 //! | this crate's | single | 64 KB | 6.9 ms |
 //! | this crate's | batch of 10 | 41 KB | 2.0 ms |
 //! | this crate's | batch of 100 | 49 KB | 0.65 ms |
-//! | the seed's (time-ordered) | single | 9.9 MB | 15.5 ms |
-//! | the seed's (time-ordered) | batch of 10 | 6.5 MB | 5.0 ms |
-//! | the seed's (time-ordered) | batch of 100 | 3.3 MB | 1.6 ms |
+//! | time-ordered baseline | single | 9.9 MB | 15.5 ms |
+//! | time-ordered baseline | batch of 10 | 6.5 MB | 5.0 ms |
+//! | time-ordered baseline | batch of 100 | 3.3 MB | 1.6 ms |
 //!
 //! CPU figures moved by up to ~20% between runs on this shared machine; bytes barely moved.
 //! The largest 100-key batch read 5.3 MiB (the test's bound is 16 MiB). Batching remains the

@@ -1,12 +1,13 @@
 //! Coalesced inserts: one [`WriteCoalescer`](sheaf_coalesce::WriteCoalescer) per table, each
 //! writing what it gathered as one RowBinary `INSERT`.
 //!
-//! Every `INSERT` makes one part per partition it touches (seed 001: 5,210 parts of 58 rows on
-//! average when every small batch was its own insert), so `insert_many` never inserts itself: it
-//! hands its events to the `events` coalescer and its attempts to the `attempts` coalescer and
-//! returns when both writes that carried them are done. Parts are then bounded per wait window
-//! and per table, not per call. Two coalescers rather than one mixed queue keep each table's
-//! bounds about that table's parts, and let the two inserts run side by side.
+//! Every `INSERT` makes one part per partition it touches (5,210 parts of 58 rows on average when
+//! every small batch was its own insert: docs/benchmarks.md, "parts", earlier measurements), so
+//! `insert_many` never inserts itself: it hands its events to the `events` coalescer and its
+//! attempts to the `attempts` coalescer and returns when both writes that carried them are done.
+//! Parts are then bounded per wait window and per table, not per call. Two coalescers rather than
+//! one mixed queue keep each table's bounds about that table's parts, and let the two inserts run
+//! side by side.
 
 use std::collections::HashSet;
 use std::marker::PhantomData;

@@ -1,7 +1,7 @@
 //! Settings of the two coalescers and their validation.
 //!
-//! The structs are plain data so the service can fill them from its own
-//! configuration and pass them explicitly; nothing here reads the environment.
+//! The structs are plain data so a caller can fill them from its own configuration
+//! and pass them explicitly; nothing here reads the environment.
 
 use std::time::Duration;
 
@@ -25,9 +25,11 @@ pub enum ConfigError {
 
 /// Settings of a [`LookupCoalescer`](crate::LookupCoalescer).
 ///
-/// The retry path of the service fills `max_batch` from `RETRY_LOOKUP_BATCH_SIZE`
-/// and `max_wait` from `RETRY_LOOKUP_BATCH_WAIT_MS`; the service enforces its own
-/// upper limit of 100 keys, this crate only refuses values that cannot work.
+/// A caller sets `max_batch` (how many distinct keys close a batch; 0 turns coalescing
+/// off) and `max_wait` (how long a batch may gather) from its own configuration. This
+/// crate only refuses values that cannot work ([`validate`](Self::validate)); an upper
+/// bound on `max_batch` that suits the caller's store is the caller's to enforce (for
+/// Sheaf's retry lookups it is 100 keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LookupConfig {
     /// Distinct keys that close a batch. Zero disables coalescing: every lookup goes
@@ -76,16 +78,22 @@ impl LookupConfig {
 }
 
 impl Default for LookupConfig {
-    /// Off, with the seed's 50 ms wait ready for when a batch size is set.
+    /// Off, with a 50 ms wait ready for when a batch size is set.
     ///
-    /// Seed 000 shipped the batch size at 0 (off) and the wait at 50 ms; its run with
-    /// 50 keys and 50 ms turned 8,416 single queries into 1,286 batch queries (~9 keys
-    /// each) and cut ClickHouse's mean CPU from 73 % to 29 %. Two queries in flight
-    /// match the two cores measured here: ClickHouse spends a fixed ~8 ms of CPU per
-    /// query, so more concurrent batch queries than cores only queue inside the server.
-    /// A queue of 1,024 holds ten full batches of the service's 100-key limit, enough
-    /// for the seed's burst of ~6,000 retries in 20 s to wait in the queue rather than
-    /// in the callers.
+    /// Off by default in the library (`max_batch = 0`): turning coalescing on is the
+    /// caller's choice; the sheaf service turns it on with its own default. Off is
+    /// exactly the behaviour before the coalescer existed, so a caller that only puts
+    /// one in front of its backend changes nothing until it sets a batch size.
+    ///
+    /// The 50 ms wait is the one the retry-lookup experiment ran with: batches of up to
+    /// 50 keys with a 50 ms wait turned 8,416 single queries into 1,286 batch queries
+    /// (~9 keys each) and cut ClickHouse's mean CPU from 73 % to 29 %
+    /// (docs/benchmarks.md, "burst", earlier measurements). Two queries in flight match
+    /// the two cores measured here: ClickHouse spent a fixed ~8 ms of CPU per query
+    /// (docs/benchmarks.md, "lookup", earlier measurements), so more concurrent batch
+    /// queries than cores only queue inside the server. A queue of 1,024 holds ten full
+    /// batches of 100 keys, enough for a burst like that experiment's, ~6,000 retries
+    /// coming due within ~20 s, to wait in the queue rather than in the callers.
     fn default() -> Self {
         Self {
             max_batch: 0,
@@ -136,13 +144,15 @@ impl WriteConfig {
 impl Default for WriteConfig {
     /// Bounds sized for ClickHouse parts, with the wait off until an operator sets it.
     ///
-    /// Seed 001 kept its wait at 0 by default so nothing changed without an operator's
-    /// decision, and measured that a 500 ms wait brought part creation back to the
-    /// pre-routing level (from 5,210 parts of 58 rows towards parts of ~1,500 rows);
-    /// it recommends 1-2 s for hot partitioned tables. 10,000 records keep a loaded
-    /// write several times above the ~1,500-row parts the seed's single worker made,
-    /// and 16 MiB bounds the memory one write holds when payloads are large (BRIEF's
-    /// benchmark set uses ~2 KB payloads: 10,000 of them are ~20 MB).
+    /// The wait is off by default so that nothing changes without an operator's
+    /// decision, as in the write-wait experiment, which measured that a 500 ms wait
+    /// brought part creation from ten workers (5,210 parts of 58 rows) back to the level
+    /// of the build before them, and recommended 1-2 s for hot partitioned tables
+    /// (docs/benchmarks.md, "parts", earlier measurements). 10,000 records keep a loaded
+    /// write several times above the ~1,500-row parts that experiment's single worker
+    /// made, and 16 MiB bounds the memory one write holds when payloads are large (the
+    /// `lookup` benchmark uses ~2 KB payloads, see docs/benchmarks.md, "lookup", and
+    /// 10,000 of them are ~20 MB).
     /// A queue of 64 batches lets writers run ahead of one slow write without holding
     /// unbounded memory.
     fn default() -> Self {

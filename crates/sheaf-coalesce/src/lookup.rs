@@ -1,8 +1,10 @@
 //! The lookup coalescer: many concurrent single-key lookups become few batch queries.
 //!
-//! Seed 000 measured why: a bounded single lookup cost ClickHouse ~14 ms of CPU, most
-//! of it fixed per query, against ~1 ms per key in batches of 100; coalescing a burst of
-//! retries turned 8,416 queries into 1,286 and mean CPU from 73 % into 29 %.
+//! Why: most of a single-key query's cost in a store such as ClickHouse is fixed per query
+//! (planning, opening parts), and a batch pays it once. A time-bounded single lookup cost ~14 ms
+//! of ClickHouse CPU against ~1 ms per key in batches of 100, and coalescing a burst of retries
+//! cut its lookup queries from 8,416 to 1,286 and ClickHouse's mean CPU from 73 % to 29 % (from
+//! 2,302 to 399 queries in Sheaf's own run); see docs/benchmarks.md, "lookup" and "burst".
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -48,8 +50,8 @@ pub trait BatchLookup: Send + Sync + 'static {
         keys: Vec<Self::Key>,
     ) -> impl Future<Output = Result<HashMap<Self::Key, Self::Value>, Self::Error>> + Send;
 
-    /// Whether a key may join a batch. Keys that may not (a retry without an attempt
-    /// time, in the service) go straight to [`lookup_one`](Self::lookup_one).
+    /// Whether a key may join a batch. Keys that may not (for example a key without the
+    /// time bound the batch query needs) go straight to [`lookup_one`](Self::lookup_one).
     fn batchable(&self, _key: &Self::Key) -> bool {
         true
     }
@@ -544,8 +546,9 @@ async fn run_query<L: BatchLookup>(backend: Arc<L>, observer: Arc<dyn Observer>,
     let started = Instant::now();
     let keys = group.len();
     let (path, failed, answered) = match <[_; 1]>::try_from(group) {
-        // A group of one distinct key takes the single path, as seed 000 does: the
-        // batch query's extra shape buys nothing for one key.
+        // A group of one distinct key takes the single path: the batch query's extra
+        // shape buys nothing for one key, and the single path is what the caller would
+        // have run without the coalescer.
         Ok([(key, waiters)]) => {
             let result = backend
                 .lookup_one(key)

@@ -3,7 +3,7 @@
 //! The coalescers call an [`Observer`] at each flush, query and write. Every method
 //! has an empty default, so [`NoopObserver`] costs nothing and an exporter implements
 //! only what it exports. [`CoalesceMetrics`] is a set of atomic counters with a
-//! [`snapshot`](CoalesceMetrics::snapshot) the service can turn into Prometheus series.
+//! [`snapshot`](CoalesceMetrics::snapshot) an exporter can turn into Prometheus series.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -101,8 +101,9 @@ pub struct NoopObserver;
 impl Observer for NoopObserver {}
 
 /// Upper bounds (inclusive) of the lookup batch-size histogram's buckets; the last
-/// bucket holds everything larger. 100 is the service's largest batch, where seed 000
-/// measured ~1 ms of ClickHouse CPU per key against ~14 ms one by one.
+/// bucket holds everything larger. 100 is the largest batch Sheaf's retry path allows and
+/// the largest measured, where a key cost ClickHouse ~1 ms of CPU against ~14 ms one by one
+/// (docs/benchmarks.md, "lookup", earlier measurements).
 pub const BATCH_SIZE_BUCKETS: [usize; 8] = [1, 2, 5, 10, 20, 50, 100, usize::MAX];
 
 /// Atomic counters fed by the coalescers, read with [`snapshot`](Self::snapshot).

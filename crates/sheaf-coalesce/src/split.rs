@@ -1,11 +1,12 @@
 //! Split rules: how one flushed lookup batch is cut into separate backend queries.
 //!
-//! Seed 000 splits a flush when its keys' attempt times span more than 15 minutes:
-//! the batch query's time bound is the oldest key's, so one old key would widen the
-//! scanned range for every other key. BRIEF measured what that costs in the seed's
-//! time-ordered ClickHouse layout: 9.8 ms of CPU per key for a batch of 100 keys
-//! spread over 30 days against 1.07 ms for keys within a day. [`SpanSplit`] is that
-//! rule, generic over the key and its time.
+//! A batch query bounded by time takes the oldest key's bound for the whole batch, so
+//! one old key widens the scanned range for every other key. Splitting a flush whose
+//! keys' times span more than a limit (15 minutes for Sheaf's retries) keeps each query's
+//! range narrow. What that is worth depends on the store's layout: in a time-ordered
+//! ClickHouse layout a batch of 100 keys spread over 30 days cost 9.8 ms of CPU per key
+//! against 1.07 ms for keys within a day (docs/benchmarks.md, "lookup", earlier
+//! measurements). [`SpanSplit`] is that rule, generic over the key and its time.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -77,8 +78,8 @@ impl SpanPoint for Duration {
 ///
 /// Keys are sorted by the time `time_of` gives them; a group starts at its oldest key
 /// and takes every following key no more than `max_span` later (the limit is
-/// inclusive); the first key past it opens the next group. The retry path uses
-/// `max_span = 15 minutes` (seed 000).
+/// inclusive); the first key past it opens the next group. Sheaf's retry path uses
+/// `max_span = 15 minutes`.
 #[derive(Clone, Copy)]
 pub struct SpanSplit<F> {
     max_span: Duration,

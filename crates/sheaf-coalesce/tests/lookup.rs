@@ -1,5 +1,7 @@
-//! LookupCoalescer behaviour, one test per rule of BRIEF.md "LookupCoalescer", all on
-//! paused time.
+//! LookupCoalescer behaviour, one test per rule it promises (flush by count and by time,
+//! the split rule, a failed query fanned out, callers that leave, the batch of one, keys
+//! that cannot batch, identical keys, the disabled mode, closing, adaptive mode, queries in
+//! flight, a dead worker, metrics and configuration), all on paused time.
 
 use std::sync::Arc;
 use std::time::Duration;

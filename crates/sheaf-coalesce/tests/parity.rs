@@ -82,9 +82,9 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         )
 }
 
-/// 64 cases keep the run short; the seed is printed (shown when the test fails) and
+/// 64 cases keep the run short; the RNG seed is printed (shown when the test fails) and
 /// `PROPTEST_RNG_SEED=<seed>` replays it. Failures are not persisted to files: the
-/// printed minimal case and the seed are the record.
+/// printed minimal case and its RNG seed are the record.
 fn parity_config() -> ProptestConfig {
     let seed = std::env::var("PROPTEST_RNG_SEED")
         .ok()

@@ -1,4 +1,7 @@
-//! WriteCoalescer behaviour (seed 001 and BRIEF.md "WriteCoalescer"), on paused time.
+//! WriteCoalescer behaviour, one test per rule it promises (the timed wait for more,
+//! carry-over at a bound without splitting or reordering, the byte bound and an oversized
+//! batch, outcomes per batch in hand-off order, a failed write failing exactly its batches,
+//! closing, empty batches, a dead worker, configuration), on paused time.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -39,17 +39,17 @@ impl PostgresConfig {
     /// The defaults for everything but the URL.
     ///
     /// - `schema`: [`DEFAULT_SCHEMA`].
-    /// - `max_connections`: 10. A process runs one queue claimer (seed 002) and writes the log
-    ///   through a coalescer, so few statements are in flight at once; on the 2-core machine the
-    ///   queue's throughput peaked at 16 clients and fell at 32 (BRIEF "Queue designs measured
-    ///   here"), and several processes share one server.
+    /// - `max_connections`: 10. A process runs one queue claimer and writes the log through a
+    ///   coalescer, so few statements are in flight at once; on the 2-core machine the queue's
+    ///   throughput peaked at 16 clients and fell at 32 (docs/benchmarks.md, "queue", earlier
+    ///   measurements), and several processes share one server.
     /// - `min_connections`: 0.
     /// - `acquire_timeout`: 5 s. Callers treat [`Error::Unavailable`] as "retry with backoff";
     ///   waiting much longer for a connection only hides an exhausted pool.
     /// - `statement_timeout`: 30 s. Sheaf's longest statements by design are a 1,000-key
-    ///   latest-attempt lookup (about 20 µs per key measured here, so ~20 ms) and a 1,000-item
-    ///   listing; the bound only stops a runaway statement (a lock wait, a bad plan) from holding
-    ///   a pool connection forever.
+    ///   latest-attempt lookup (20–50 µs per key measured here, so 20–50 ms; docs/benchmarks.md,
+    ///   "lookup") and a 1,000-item listing; the bound only stops a runaway statement (a lock
+    ///   wait, a bad plan) from holding a pool connection forever.
     pub fn new(url: impl Into<String>) -> Self {
         PostgresConfig {
             url: url.into(),

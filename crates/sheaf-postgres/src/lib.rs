@@ -14,8 +14,10 @@
 //!   share a database without sharing state.
 //! - **Log**: `events` and `attempts`; a batch is one `INSERT … SELECT FROM unnest(…)` statement,
 //!   and the batched latest-attempt lookup is one `LATERAL` statement, one index probe per key
-//!   (seed 000). See `migrations/0001_log.sql` for the indexes and why each exists.
-//! - **Queue**: seed 002's design; see [`PostgresJobQueue`] and `migrations/0002_queue.sql`.
+//!   (the statement retries coming due together share). See `migrations/0001_log.sql` for the
+//!   indexes and why each exists.
+//! - **Queue**: leases instead of held transactions and savepoints, one claimer per process; see
+//!   [`PostgresJobQueue`] and `migrations/0002_queue.sql`.
 //! - **Entities**: `tenants` and `destinations`, secrets stored as given.
 //! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
 //!   server is [`sheaf_store::Error::Unavailable`], never a panic.

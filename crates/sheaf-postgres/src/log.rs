@@ -1,5 +1,9 @@
 //! [`PostgresLogStore`]: events and attempts in two tables, written in one statement per batch and
 //! read with keyset pagination and a `LATERAL` latest-attempt lookup.
+//!
+//! Longer than 600 lines because every SQL statement of the store sits beside the code that
+//! binds its arrays and reads its rows, so a statement's columns and their use are read in one
+//! place.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -20,9 +24,11 @@ use uuid::Uuid;
 use crate::db::{Db, get, get_time, get_u32, pg_text};
 use crate::error::{decode, from_sqlx};
 
-/// Most keys one latest-attempt statement carries; larger calls are split. At the ~20 µs per key
-/// measured here for batched lookups (BRIEF "Measured on this machine") a full statement takes
-/// about 20 ms, far inside the statement timeout, and the trait asks for at least 1,000.
+/// Most keys one latest-attempt statement carries; larger calls are split. At the 20–50 µs per key
+/// measured on this machine for batched lookups (docs/benchmarks.md, "lookup": ~20 µs in the
+/// earlier measurements, 30–50 µs per key of a 100-key statement in the benchmark) a full
+/// statement takes some 20–50 ms, far inside the statement timeout, and the trait asks for at
+/// least 1,000.
 const LATEST_KEYS_PER_STATEMENT: usize = 1000;
 
 /// The attempt columns every read returns, from `attempts AS a`, plus the event's data from
@@ -116,7 +122,7 @@ impl Statements {
                        LIMIT 1) AS a
                  JOIN {s}.events AS e ON e.tenant_id = a.tenant_id AND e.event_id = a.event_id"
             ),
-            // Seed 000 / BRIEF "LogStore::latest_attempts": LATERAL over the unnested keys, each
+            // `LogStore::latest_attempts` as one statement: LATERAL over the unnested keys, each
             // with its own bound, so each key is one probe of `attempts_latest` that stops at its
             // first entry. `ord` maps rows back to keys.
             latest_attempts: format!(

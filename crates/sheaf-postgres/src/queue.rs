@@ -1,4 +1,4 @@
-//! [`PostgresJobQueue`]: seed 002's queue. Minimal job rows, a single-statement claim with
+//! [`PostgresJobQueue`]: the lease queue. Minimal job rows, a single-statement claim with
 //! `FOR UPDATE SKIP LOCKED`, leases instead of held transactions, and every outcome one statement
 //! per batch, guarded by the lease.
 //!
@@ -19,7 +19,10 @@
 //! not; completions and dead letters delete the row.
 //!
 //! Nothing here opens a transaction: each call is one statement, so no lock or snapshot is held
-//! while a job's work runs, and no savepoint ever mints a MultiXact (seed 002).
+//! while a job's work runs, and no savepoint ever mints a MultiXact. That matters because a row
+//! locked by a transaction and its savepoint carries a MultiXact, which every `SKIP LOCKED` claim
+//! walking past the row must look up behind one lightweight lock: the savepoint design's throughput
+//! stops growing with workers (docs/benchmarks.md, "queue").
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -82,7 +85,7 @@ impl Statements {
                  WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = u.id)
                  ON CONFLICT (id) DO NOTHING"
             ),
-            // Seed 002's claim, one statement: pick due, unheld jobs in (next_due_at, id) order
+            // The lease claim, one statement: pick due, unheld jobs in (next_due_at, id) order
             // from the `jobs_due` index, skip rows another claimer has locked, stamp the lease.
             claim: format!(
                 "UPDATE {s}.jobs AS j SET claimed_until = {}

@@ -1,8 +1,8 @@
 //! Sheaf's domain types and the three storage traits every backend implements.
 //!
 //! - [`LogStore`]: the record of events and delivery attempts, payloads included, with the
-//!   batched latest-attempt lookup the retry path coalesces into (seed 000).
-//! - [`JobQueue`]: minimal job rows with leases instead of held transactions (seed 002).
+//!   batched latest-attempt lookup that retries coming due together share.
+//! - [`JobQueue`]: minimal job rows with leases instead of held transactions and savepoints.
 //! - [`EntityStore`]: tenants and destinations.
 //!
 //! The traits are object-safe (`#[async_trait]`, `Send + Sync + 'static`) because the service

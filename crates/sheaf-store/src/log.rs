@@ -195,8 +195,8 @@ impl std::str::FromStr for AttemptTrigger {
 /// One delivery attempt of one event to one destination.
 ///
 /// It carries its event's topic and data, so that the latest-attempt lookup of a retry returns
-/// everything needed to deliver again without a second read (seed 000; in ClickHouse the payload
-/// lives in the attempt row). A backend may instead read them from the stored event, because the
+/// everything needed to deliver again without a second read (in ClickHouse the payload lives in
+/// the attempt row). A backend may instead read them from the stored event, because the
 /// service guarantees, and the suites only generate histories where, an attempt's event is
 /// inserted (in the same or an earlier `insert_many`) with the same topic and data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -421,7 +421,7 @@ pub trait LogStore: fmt::Debug + Send + Sync + 'static {
     /// (splitting internally if they need to). Either every key is answered or the call fails.
     ///
     /// The default asks [`LogStore::latest_attempt`] once per distinct key. Backends override it
-    /// with one query (seed 000: one grouped query in ClickHouse, `LATERAL unnest` in Postgres);
+    /// with one query (one grouped query in ClickHouse, `LATERAL unnest` in Postgres);
     /// the parity suite checks that the override agrees with the single calls.
     async fn latest_attempts(&self, keys: &[AttemptKey]) -> Result<HashMap<AttemptKey, Attempt>> {
         let mut found = HashMap::with_capacity(keys.len());

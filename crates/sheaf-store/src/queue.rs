@@ -1,4 +1,5 @@
-//! The delivery queue: [`Job`]s, leases and the [`JobQueue`] trait (seed 002).
+//! The delivery queue: [`Job`]s, leases and the [`JobQueue`] trait: minimal job rows claimed
+//! with leases instead of held transactions and savepoints.
 //!
 //! # Leases
 //!
@@ -23,7 +24,8 @@
 //! The identity is a time, so in principle a claim could land on the exact microsecond of a much
 //! older lease on the same job whose holder is still running. That needs two clock readings plus
 //! leases to coincide to the microsecond; a random token column would rule it out at the cost of
-//! 16 bytes per row and a wider claim, which seed 002's minimal rows argue against.
+//! 16 bytes per row and a wider claim, against the minimal rows the queue keeps so that its
+//! table and its claim scans stay small.
 
 use std::fmt;
 use std::time::Duration;
@@ -33,8 +35,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{DestinationId, Error, EventId, JobId, Page, PageRequest, Result, TenantId, Timestamp};
 
-/// One pending delivery of one event to one destination. Rows are kept minimal (seed 002): ids,
-/// the attempt number, the carried attempt time and the due time, never the payload.
+/// One pending delivery of one event to one destination. Rows are kept minimal, so that a queue
+/// whose rows are inserted, updated and deleted all the time leaves small dead versions behind:
+/// ids, the attempt number, the carried attempt time and the due time, never the payload.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Job {
     /// Generated when the delivery is first enqueued; kept across its retries.
@@ -48,7 +51,8 @@ pub struct Job {
     /// The number the next attempt will have: 1 for the first delivery.
     pub attempt_number: u32,
     /// The time of the previous attempt, carried by a retry so its latest-attempt lookup can be
-    /// bounded (seed 000); `None` for a first delivery.
+    /// bounded by time (see [`LogStore::latest_attempt`](crate::LogStore::latest_attempt));
+    /// `None` for a first delivery.
     pub last_attempt_time: Option<Timestamp>,
     /// When the job becomes claimable.
     pub due_at: Timestamp,
@@ -153,12 +157,14 @@ pub fn validate_job(job: &Job) -> Result<()> {
     Ok(())
 }
 
-/// The queue of pending deliveries (seed 002).
+/// The queue of pending deliveries.
 ///
 /// Claims, renewals and every outcome are short, independent operations: no backend holds a
 /// transaction or a lock while a job's work runs. Each outcome call accepts many jobs so the
-/// service can batch completions across workers (one statement per batch, never one per job:
-/// BRIEF.md "Queue designs measured here"). The lease rule is in the [module docs](self).
+/// service can batch completions across workers: one statement per batch, never one per job,
+/// because one commit per job is bound by WAL writes and lost to the savepoint design it
+/// replaces (docs/benchmarks.md, "queue", earlier measurements). The lease rule is in the
+/// [module docs](self).
 #[async_trait]
 pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
     /// Adds jobs. A job whose id is already in the queue (waiting, claimed or dead-lettered) is

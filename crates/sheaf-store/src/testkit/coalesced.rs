@@ -1,10 +1,10 @@
 //! The parity suite's built-in extra lookup: `latest_attempts` through a `LookupCoalescer`.
 //!
 //! The retry path of the service never calls the store's lookups directly; it goes through a
-//! [`LookupCoalescer`] with the 15-minute split rule (seed 000). This lookup puts one in front of
-//! the store under test, with a batch size, a wait and a mode drawn from the case's `variant`
-//! (so a failure replays with the seed), and asks for every key at once, the way a burst of
-//! retries coming due together does. [`parity::run`](super::parity::run) always includes it, so
+//! [`LookupCoalescer`] with the 15-minute split rule. This lookup puts one in front of the store
+//! under test, with a batch size, a wait and a mode drawn from the case's `variant` (so a failure
+//! replays with the run's RNG seed), and asks for every key at once, the way a burst of retries
+//! coming due together does. [`parity::run`](super::parity::run) always includes it, so
 //! every backend proves that the coalesced path answers exactly what the single path does.
 
 use std::collections::HashMap;
@@ -18,8 +18,8 @@ use sheaf_coalesce::{BatchLookup, LookupCoalescer, LookupConfig, LookupError, Sp
 use super::parity::ParityLookup;
 use crate::{Attempt, AttemptKey, Error, LogStore, Result};
 
-/// The span the service's retry path splits batches at (seed 000: one old key would widen the
-/// scanned time range for every key in the batch).
+/// The span the service's retry path splits batches at: a batch query is bounded by its oldest
+/// key's time, so one old key would widen the scanned time range for every key in the batch.
 pub const RETRY_SPLIT_SPAN: Duration = Duration::from_secs(15 * 60);
 
 /// A [`LogStore`] seen as a [`BatchLookup`] of latest attempts.

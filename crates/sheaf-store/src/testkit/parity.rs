@@ -1,5 +1,6 @@
 //! The parity property: a batched latest-attempt lookup returns exactly what single lookups
-//! would (seed 000's central claim), for any history and any key set.
+//! would (the claim that lets retries share one lookup without changing any answer), for any
+//! history and any key set.
 //!
 //! Each case generates a small history (two tenants that share event ids and destination ids,
 //! attempts at random times on a minute grid with microsecond edges, ties, rows duplicated within
@@ -21,8 +22,11 @@
 //! [`run`] drives proptest's `TestRunner` by hand inside the async function: values are generated
 //! and shrunk synchronously, and the store is awaited between them. Nothing blocks a runtime
 //! thread and no runtime is nested, so it works under any tokio flavour. The case budget and the
-//! seed come from [`ParityConfig`]; a failure panics with the seed, the case number and the
+//! seed come from [`ParityConfig`]; a failure panics with its RNG seed, the case number and the
 //! shrunk scenario, and `SHEAF_PARITY_SEED=<seed>` replays the same sequence of cases.
+//!
+//! Longer than 600 lines because the generators, the scenario they build, the reference
+//! comparison and the runner that shrinks and replays a failure are one property, read together.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -53,7 +57,7 @@ pub const DEFAULT_MAX_SHRINK_ITERS: u32 = 128;
 pub struct ParityConfig {
     /// How many generated cases to check.
     pub cases: u32,
-    /// The seed of the case generator: the same seed generates the same cases.
+    /// The RNG seed of the case generator: the same value generates the same cases.
     pub seed: u64,
     /// How many extra runs shrinking may spend on a failure.
     pub max_shrink_iters: u32,
@@ -126,7 +130,7 @@ pub trait ParityLookup: Send + Sync {
     fn name(&self) -> String;
 
     /// Answers every key: an entry for each key with a latest attempt, none for the others.
-    /// `variant` is a random number drawn with the case (so it replays with the seed) for the
+    /// `variant` is a random number drawn with the case (so it replays with the run's seed) for the
     /// lookup to choose batch sizes, orders or delays from.
     async fn lookup(
         &self,
@@ -652,7 +656,7 @@ async fn check(
 ///
 /// # Panics
 ///
-/// On the first failing case, after shrinking it, with the seed to replay it, the shrunk
+/// On the first failing case, after shrinking it, with the run's seed to replay it, the shrunk
 /// scenario and every key whose answer differs from the model.
 pub async fn run(store: Arc<dyn LogStore>, config: &ParityConfig, lookups: &[&dyn ParityLookup]) {
     let ctx = RunContext::new();

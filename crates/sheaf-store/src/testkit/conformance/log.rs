@@ -1,5 +1,8 @@
 //! [`LogStore`] conformance: idempotent inserts, exact round trips, listings and their cursors,
 //! tenant isolation, and the latest-attempt rules.
+//!
+//! Longer than 600 lines because the conformance cases read best side by side: one function per
+//! rule of the [`LogStore`] contract.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
