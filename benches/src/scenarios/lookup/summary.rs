@@ -157,26 +157,14 @@ pub(super) fn build_report(
          with the default granularity. Servers, clients and other work share the machine's 2 cores.",
     );
 
-    let cpu_bars = measured
-        .iter()
-        .map(|m| {
-            Bar::new(
-                m.variant.short(sizes),
-                m.cpu_ms_per_key,
-                m.variant.store as usize,
-            )
-        })
-        .collect();
-    let rate_bars = measured
-        .iter()
-        .map(|m| {
-            Bar::new(
-                m.variant.short(sizes),
-                m.keys_per_s,
-                m.variant.store as usize,
-            )
-        })
-        .collect();
+    let bars = |value: fn(&Measured) -> f64| -> Vec<Bar> {
+        measured
+            .iter()
+            .map(|m| Bar::new(m.variant.short(sizes), value(m), m.variant.store as usize))
+            .collect()
+    };
+    let cpu_bars = bars(|m| m.cpu_ms_per_key);
+    let rate_bars = bars(|m| m.keys_per_s);
     report.figure = Some(
         Figure::new("lookup: cost per looked-up key (blue: Sheaf on ClickHouse, orange: time-ordered layout, green: Postgres)")
             .panel(Panel::Bars {

@@ -102,7 +102,7 @@ fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
 /// Who presented what: the admin key, a valid tenant token, or why the answer is `401`.
 fn authenticate(core: &Core, headers: &axum::http::HeaderMap) -> Result<Principal, String> {
     let Some(admin) = core.config.api_key.as_ref() else {
-        // No SHEAF_API_KEY: the admin API is open (loopback only, see config.rs).
+        // No SHEAF_API_KEY: the admin API is open (loopback only, see `settings::check_admin_access`).
         return Ok(Principal::Admin);
     };
     let Some(presented) = bearer(headers) else {
