@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use serde_json::{Value, json};
+use sheaf_server::state::backoff::Backoff;
 use sheaf_testenv::process::status_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -226,6 +227,10 @@ pub fn event_data(scenario: &str, i: usize) -> Value {
     json!({ "scenario": scenario, "n": i, "pad": "x".repeat(1_000) })
 }
 
+/// Waits between a publisher's tries of one event: 100 ms doubling to 1 s, by the service's
+/// own backoff rule, so a process that is down is asked again soon after it is back.
+const PUBLISH_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+
 /// Publishes `ids` (tenant `tenant`) at `pace.rate`, each retried with backoff (to whichever
 /// target is next) until a process answers 202. Runs in the background.
 pub fn publish_paced(
@@ -273,7 +278,7 @@ async fn publish_until_accepted(
 ) {
     let data = event_data(scenario, i);
     let deadline = Instant::now() + pace.give_up_after;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = PUBLISH_BACKOFF;
     for attempt in 0usize.. {
         let answer = match targets.pick(i + attempt) {
             Some(base) => match api.publish(&base, tenant, id, &data).await {
@@ -301,8 +306,7 @@ async fn publish_until_accepted(
         if give_up {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

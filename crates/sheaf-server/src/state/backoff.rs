@@ -3,7 +3,8 @@
 //!
 //! Every retry loop of the service uses it: the worker's attempt write and the completer's queue
 //! statements (a few tries, then the job is left to its lease), the CDC source's publishes
-//! (until they are durable) and its restarts after a stream error.
+//! (until they are durable) and its restarts after a stream error; and outside the service, the
+//! fault suite's publishers (`sheaf-chaos`), which retry a publish the way a client should.
 
 use std::time::Duration;
 
