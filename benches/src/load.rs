@@ -18,6 +18,9 @@ use crate::sheaf::Publisher;
 pub struct Sent {
     /// Publish start per event, in microseconds after the base (index = seq - first seq).
     pub started_micros: Vec<u64>,
+    /// How long each accepted publish took to be answered 202, in microseconds (the publish
+    /// latency a client sees; refused and failed publishes are not in it).
+    pub publish_micros: Vec<u64>,
     /// Publishes answered with something other than 202.
     pub refused: u64,
     /// Publishes that failed on the network.
@@ -53,6 +56,7 @@ pub async fn publish(
     let started: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
     let refused = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let answered: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(count);
     for i in 0..count {
@@ -63,22 +67,28 @@ pub async fn publish(
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             break;
         };
-        let (publisher, pad, started, refused, errors, progress) = (
+        let (publisher, pad, started, answered, refused, errors, progress) = (
             publisher.clone(),
             Arc::clone(&pad),
             Arc::clone(&started),
+            Arc::clone(&answered),
             Arc::clone(&refused),
             Arc::clone(&errors),
             Arc::clone(progress),
         );
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
+            let start = Instant::now();
             started[i].store(
-                Instant::now().duration_since(base).as_micros() as u64,
+                start.duration_since(base).as_micros() as u64,
                 Ordering::Relaxed,
             );
             match publisher.publish(first_seq + i as u64, &pad).await {
-                Ok(true) => {}
+                Ok(true) => {
+                    // At least 1 µs, so 0 keeps meaning "not accepted".
+                    let took = (start.elapsed().as_micros() as u64).max(1);
+                    answered[i].store(took, Ordering::Relaxed);
+                }
                 Ok(false) => {
                     refused.fetch_add(1, Ordering::Relaxed);
                 }
@@ -94,6 +104,11 @@ pub async fn publish(
     }
     Sent {
         started_micros: started.iter().map(|a| a.load(Ordering::Relaxed)).collect(),
+        publish_micros: answered
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .filter(|&took| took > 0)
+            .collect(),
         refused: refused.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),
         elapsed: t0.elapsed(),

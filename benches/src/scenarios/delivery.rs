@@ -1,6 +1,7 @@
 //! `delivery`: events per second from publish to a 2xx at a local receiver, and publish-to-
-//! delivery latency, through a real `sheaf serve` process on the memory backends and on Postgres
-//! (queue, tenants) + ClickHouse (log).
+//! delivery latency, through a real `sheaf serve` process on the memory backends, on Postgres
+//! alone (queue, tenants and log) and on Postgres (queue, tenants) + ClickHouse (log). Each phase
+//! also reports the publish latency a client sees (request to its 202).
 //!
 //! Per backend, after a warm-up: a **saturation** phase publishes a fixed number of events from
 //! 32 concurrent publishers and measures from the first publish to the last delivery; a **steady**
@@ -36,6 +37,7 @@ const PAD_BYTES: usize = 1_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 enum Backend {
     Memory,
+    Postgres,
     PostgresClickHouse,
 }
 
@@ -43,6 +45,7 @@ impl Backend {
     fn label(self) -> &'static str {
         match self {
             Backend::Memory => "memory",
+            Backend::Postgres => "Postgres + Postgres",
             Backend::PostgresClickHouse => "Postgres + ClickHouse",
         }
     }
@@ -70,6 +73,9 @@ struct Phase {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// Publish latency (request to 202) of the accepted publishes.
+    publish_p50_ms: f64,
+    publish_p99_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -94,7 +100,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     };
     let bin = ctx.sheaf_bin()?.to_path_buf();
     let mut measured = Vec::new();
-    for backend in [Backend::Memory, Backend::PostgresClickHouse] {
+    for backend in [
+        Backend::Memory,
+        Backend::Postgres,
+        Backend::PostgresClickHouse,
+    ] {
         let m = run_backend(ctx, &bin, &sizes, backend)
             .await
             .with_context(|| backend.label())?;
@@ -113,6 +123,14 @@ async fn run_backend(
     let receiver = Receiver::start().await?;
     let mut env = Vec::new();
     let mut guards = (None, None);
+    if backend == Backend::Postgres {
+        let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
+        env.push(("SHEAF_LOG_STORE", "postgres".to_owned()));
+        env.push(("SHEAF_QUEUE", "postgres".to_owned()));
+        env.push(("SHEAF_POSTGRES_URL", schema.url.clone()));
+        env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
+        guards = (Some(schema), None);
+    }
     if backend == Backend::PostgresClickHouse {
         let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
         let db = ChDb::new(ctx.clickhouse()?, "bench_delivery");
@@ -237,7 +255,16 @@ fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> P
         p50_ms: report::percentile(lat.clone(), 50.0),
         p99_ms: report::percentile(lat.clone(), 99.0),
         max_ms: report::percentile(lat, 100.0),
+        publish_p50_ms: report::percentile(publish_ms(sent), 50.0),
+        publish_p99_ms: report::percentile(publish_ms(sent), 99.0),
     }
+}
+
+fn publish_ms(sent: &load::Sent) -> Vec<f64> {
+    sent.publish_micros
+        .iter()
+        .map(|&us| us as f64 / 1000.0)
+        .collect()
 }
 
 fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
@@ -259,6 +286,7 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
             "p50 latency",
             "p99 latency",
             "max latency",
+            "publish p50 / p99",
             "events/s vs memory",
             "peak RSS (sheaf)",
         ],
@@ -289,6 +317,11 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
                 report::millis(p.p50_ms),
                 report::millis(p.p99_ms),
                 report::millis(p.max_ms),
+                format!(
+                    "{} / {}",
+                    report::millis(p.publish_p50_ms),
+                    report::millis(p.publish_p99_ms)
+                ),
                 report::ratio(p.events_per_s / base),
                 format!("{:.1} MiB", m.peak_rss_mib),
             ]);
@@ -339,7 +372,8 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
     }
     report.note(
         "Latency is from the start of the publish request to the receiver's first 2xx for that \
-         event, both on the bench process's clock; events/s is delivered events ÷ (last delivery − \
+         event, both on the bench process's clock; publish latency is from the start of the \
+         publish request to its 202; events/s is delivered events ÷ (last delivery − \
          first publish). Publishers, receiver, sheaf and both databases share the 2 cores.",
     );
     report.note(
