@@ -7,9 +7,9 @@
 //! ```
 //!
 //! - The **dispatcher** ([`dispatcher`]) is the only task that claims, so claim queries scale
-//!   with processes, not with workers × processes. It claims only as many jobs as the channel has free
-//!   slots, so claimed-but-unstarted work is bounded by the worker count and a saturated
-//!   process leaves due jobs to others. When a claim returns fewer jobs than it had room for
+//!   with processes, not with workers × processes. It claims only as many jobs as the channel
+//!   has free slots, so claimed-but-unstarted work is bounded by the worker count and a
+//!   saturated process leaves due jobs to others. When a claim returns fewer jobs than it had room for
 //!   it sleeps `SHEAF_QUEUE_POLL_INTERVAL`, or until a publish in this process wakes it.
 //! - A **worker** ([`worker`]) takes a job from the channel (never from the database), renews
 //!   its lease first when more than half of it is spent, resolves what to send — a first

@@ -1,5 +1,5 @@
-//! The OpenAPI 3.1 document, generated from the route table ([`crate::http::routes::routes`]) that the
-//! router is built from, in plain `serde_json` (no macro crate: the machine has two cores and
+//! The OpenAPI 3.1 document, generated from the route table
+//! ([`crate::http::routes::routes`]) that the router is built from, in plain `serde_json` (no macro crate: the machine has two cores and
 //! the table already holds everything the document needs).
 //!
 //! The input schemas are meant to be usable by a generator such as schemathesis (which runs

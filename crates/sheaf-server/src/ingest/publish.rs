@@ -84,7 +84,8 @@ pub(crate) fn matches(destination: &Destination, event: &Event) -> bool {
     destination.enabled && destination.topics.matches(&event.topic)
 }
 
-/// Publishes an event whose body passed [`crate::ingest::body::validate_publish`]: see the module docs.
+/// Publishes an event whose body passed [`crate::ingest::body::validate_publish`]: see the
+/// module docs.
 pub async fn publish(core: &Arc<Core>, request: ValidPublish) -> Result<Published, PublishError> {
     let tenant_id = request.tenant_id;
     let (id, chosen) = match request.id {

@@ -298,7 +298,8 @@ pub const RETRY_LOOKUP_BATCH_WAIT_MS: Setting = setting(
     "How long a retry lookup batch gathers after its first key before it is sent anyway.",
 );
 // Off: at the same load the fixed wait put more than twice as many retries in each query
-// (docs/benchmarks.md, `burst`), and a retry's 50 ms of gathering is invisible next to its seconds of delay.
+// (docs/benchmarks.md, `burst`), and a retry's 50 ms of gathering is invisible next to its
+// seconds of delay.
 /// `SHEAF_RETRY_LOOKUP_ADAPTIVE`.
 pub const RETRY_LOOKUP_ADAPTIVE: Setting = setting(
     "SHEAF_RETRY_LOOKUP_ADAPTIVE",
