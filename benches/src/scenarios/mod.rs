@@ -7,6 +7,7 @@ mod delivery;
 mod lookup;
 mod parts;
 mod queue;
+mod queue_sustained;
 
 use crate::context::Ctx;
 use crate::report::Report;

@@ -18,6 +18,10 @@
 //! time from the first claim to the last completion. While it runs, `pg_stat_activity` is
 //! sampled every 10 ms for the run's own connections (tagged by `application_name`), counting
 //! active backends per wait event, MultiXact LWLock waits among them.
+//!
+//! Then the sustained phase (`queue_sustained`): jobs offered at a steady rate for minutes, with
+//! the claim as the plain statement it ships and as a candidate pinned to the index
+//! (`claim_jobs`, defined in `queue_sustained.rs`), side by side.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,6 +39,7 @@ use crate::pg::{self, PgSchema};
 use crate::plot::{Bar, Figure, Panel};
 use crate::progress::Progress;
 use crate::report::{self, PeakRss, Report, Table};
+use crate::scenarios::queue_sustained;
 
 const QUESTION: &str = "How fast do 1, 4 and 16 workers burn down 100,000 no-op jobs on Postgres \
     with Sheaf's queue (leases, one claimer, batched completion) and with the savepoint design \
@@ -115,7 +120,25 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     }
     progress.finish();
     let peak = crate::proc::peak_rss_kib(None);
-    Ok(build_report(ctx, jobs, measured, peak))
+    let plan = queue_sustained::plan(ctx);
+    let sustained = queue_sustained::run(url, plan).await?;
+    let mut report = build_report(ctx, jobs, measured, peak);
+    report
+        .tables
+        .extend(queue_sustained::tables(&sustained, plan));
+    report.note(
+        "Sustained: claim and completion means are pg_stat_statements total_exec_time per call \
+         over each window (deltas, filtered by the run's schema); dead and live tuples are \
+         pg_stat_user_tables; the server's autovacuum_naptime bounds how often autovacuum visits \
+         the table.",
+    );
+    if let serde_json::Value::Object(raw) = &mut report.raw {
+        raw.insert(
+            "sustained".to_owned(),
+            serde_json::json!({ "plan": plan, "runs": sustained }),
+        );
+    }
+    Ok(report)
 }
 
 /// `url` with `application_name` set, so the sampler can tell this run's backends apart.
