@@ -122,21 +122,7 @@ pub async fn statement_totals(
     conn: &mut sqlx::PgConnection,
     needle: &str,
 ) -> anyhow::Result<StatementTotals> {
-    let (calls, exec_ms, blocks): (Option<i64>, Option<f64>, Option<i64>) = sqlx::query_as(
-        "SELECT sum(calls)::bigint, sum(total_exec_time)::float8, \
-                sum(shared_blks_hit + shared_blks_read)::bigint \
-         FROM pg_stat_statements WHERE query LIKE '%' || $1 || '%' \
-           AND query NOT LIKE '%pg_stat_statements%'",
-    )
-    .bind(needle)
-    .fetch_one(conn)
-    .await
-    .context("read pg_stat_statements (is the extension created in this database?)")?;
-    Ok(StatementTotals {
-        calls: calls.unwrap_or(0),
-        exec_ms: exec_ms.unwrap_or(0.0),
-        blocks: blocks.unwrap_or(0),
-    })
+    statement_totals_all(conn, &[needle]).await
 }
 
 /// Reads `pg_stat_statements` for the statements whose text mentions every one of `needles`.

@@ -334,21 +334,7 @@ async fn run_sheaf(
         })
     };
 
-    let mut worker_tasks = Vec::new();
-    for _ in 0..workers {
-        let (jobs_rx, done_tx) = (Arc::clone(&jobs_rx), done_tx.clone());
-        worker_tasks.push(tokio::spawn(async move {
-            loop {
-                let next = jobs_rx.lock().await.recv().await;
-                let Some(lease) = next else { break };
-                // The job itself does nothing: what is measured is the queue.
-                if done_tx.send(lease).await.is_err() {
-                    break;
-                }
-            }
-        }));
-    }
-    drop(done_tx);
+    let worker_tasks = noop_workers(workers, &jobs_rx, done_tx);
 
     let dispatcher = {
         let queue = Arc::clone(&queue);
@@ -535,4 +521,27 @@ fn build_report(ctx: &Ctx, jobs: i64, measured: Vec<Measured>, peak_kib: Option<
     );
     report.raw = serde_json::json!({ "jobs": jobs, "runs": measured });
     report
+}
+
+/// `count` workers that take claimed jobs from `jobs` and hand each straight to `done`: the job
+/// itself does nothing, so what is measured is the queue. They stop when either channel closes.
+pub(super) fn noop_workers(
+    count: usize,
+    jobs: &Arc<Mutex<mpsc::Receiver<Lease>>>,
+    done: mpsc::Sender<Lease>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..count)
+        .map(|_| {
+            let (jobs, done) = (Arc::clone(jobs), done.clone());
+            tokio::spawn(async move {
+                loop {
+                    let next = jobs.lock().await.recv().await;
+                    let Some(lease) = next else { break };
+                    if done.send(lease).await.is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect()
 }

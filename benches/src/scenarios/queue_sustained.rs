@@ -375,20 +375,7 @@ async fn process_loop(
         }
         anyhow::Ok(())
     });
-    let mut workers = Vec::new();
-    for _ in 0..WORKERS {
-        let (jobs_rx, done_tx) = (Arc::clone(&jobs_rx), done_tx.clone());
-        workers.push(tokio::spawn(async move {
-            loop {
-                let next = jobs_rx.lock().await.recv().await;
-                let Some(lease) = next else { break };
-                if done_tx.send(lease).await.is_err() {
-                    break;
-                }
-            }
-        }));
-    }
-    drop(done_tx);
+    let workers = super::queue::noop_workers(WORKERS, &jobs_rx, done_tx);
     while !stop.load(Ordering::Relaxed) {
         let room = jobs_tx.capacity();
         if room == 0 {
