@@ -49,8 +49,8 @@ const QUESTION: &str = "How fast do 1, 4 and 16 workers burn down 100,000 no-op 
 /// (docs/benchmarks.md, "`queue`", earlier measurements).
 const SAVEPOINT_CLAIM: i64 = 10;
 /// The service's defaults for the completer (`SHEAF_COMPLETER_FLUSH_INTERVAL`, `…_MAX_BATCH`).
-const COMPLETER_INTERVAL: Duration = Duration::from_millis(5);
-const COMPLETER_MAX: usize = 256;
+pub(super) const COMPLETER_INTERVAL: Duration = Duration::from_millis(5);
+pub(super) const COMPLETER_MAX: usize = 256;
 const LEASE: Duration = Duration::from_secs(60);
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
@@ -312,18 +312,7 @@ async fn run_sheaf(
         tokio::spawn(async move {
             let mut completed = 0u64;
             let mut batch = Vec::with_capacity(COMPLETER_MAX);
-            loop {
-                let Some(first) = done_rx.recv().await else {
-                    break;
-                };
-                batch.push(first);
-                let deadline = tokio::time::Instant::now() + COMPLETER_INTERVAL;
-                while batch.len() < COMPLETER_MAX {
-                    match tokio::time::timeout_at(deadline, done_rx.recv()).await {
-                        Ok(Some(lease)) => batch.push(lease),
-                        Ok(None) | Err(_) => break,
-                    }
-                }
+            while gather_outcomes(&mut done_rx, &mut batch).await {
                 let lost = queue.complete(&batch).await?;
                 ensure!(lost.is_empty(), "{} leases lost", lost.len());
                 completed += batch.len() as u64;
@@ -521,6 +510,27 @@ fn build_report(ctx: &Ctx, jobs: i64, measured: Vec<Measured>, peak_kib: Option<
     );
     report.raw = serde_json::json!({ "jobs": jobs, "runs": measured });
     report
+}
+
+/// Fills `batch` the way the service's completer does: waits for a first finished job, then
+/// gathers more for `COMPLETER_INTERVAL` or up to `COMPLETER_MAX`. `false` once the channel is
+/// closed and empty.
+pub(super) async fn gather_outcomes(
+    done: &mut mpsc::Receiver<Lease>,
+    batch: &mut Vec<Lease>,
+) -> bool {
+    let Some(first) = done.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    let deadline = tokio::time::Instant::now() + COMPLETER_INTERVAL;
+    while batch.len() < COMPLETER_MAX {
+        match tokio::time::timeout_at(deadline, done.recv()).await {
+            Ok(Some(lease)) => batch.push(lease),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    true
 }
 
 /// `count` workers that take claimed jobs from `jobs` and hand each straight to `done`: the job

@@ -24,6 +24,7 @@ use sheaf_store::{DestinationId, EventId, Job, JobId, JobQueue, Lease, TenantId,
 use sqlx::{Connection as _, Row as _};
 use tokio::sync::{Mutex, Notify, mpsc};
 
+use super::queue::COMPLETER_MAX;
 use crate::context::Ctx;
 use crate::pg::{self, PgSchema, StatementTotals};
 use crate::progress::Progress;
@@ -36,9 +37,7 @@ type UtcTime = sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>;
 const PROCESSES: usize = 2;
 /// Workers per process, which is also the capacity of the channel the dispatcher fills.
 const WORKERS: usize = 16;
-/// The service's defaults: `SHEAF_COMPLETER_*` and `SHEAF_QUEUE_POLL_INTERVAL`.
-const COMPLETER_INTERVAL: Duration = Duration::from_millis(5);
-const COMPLETER_MAX: usize = 256;
+/// The service's default `SHEAF_QUEUE_POLL_INTERVAL`; the completer's bounds are `queue`'s.
 const POLL: Duration = Duration::from_millis(100);
 const LEASE: Duration = Duration::from_secs(60);
 /// How often the enqueuers offer the jobs that have come due by the clock.
@@ -359,15 +358,7 @@ async fn process_loop(
     let (done_tx, mut done_rx) = mpsc::channel::<Lease>(COMPLETER_MAX * 4);
     let completer = tokio::spawn(async move {
         let mut batch = Vec::with_capacity(COMPLETER_MAX);
-        while let Some(first) = done_rx.recv().await {
-            batch.push(first);
-            let deadline = tokio::time::Instant::now() + COMPLETER_INTERVAL;
-            while batch.len() < COMPLETER_MAX {
-                match tokio::time::timeout_at(deadline, done_rx.recv()).await {
-                    Ok(Some(lease)) => batch.push(lease),
-                    Ok(None) | Err(_) => break,
-                }
-            }
+        while super::queue::gather_outcomes(&mut done_rx, &mut batch).await {
             let lost = queue.complete(&batch).await?;
             anyhow::ensure!(lost.is_empty(), "{} leases lost", lost.len());
             completed.fetch_add(batch.len() as u64, Ordering::Relaxed);

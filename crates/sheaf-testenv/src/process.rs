@@ -164,7 +164,7 @@ impl SheafCommand {
             }
             // The reader ended without the line: the process closed stderr, so it exited.
             Ok(Err(_)) => {
-                let status = process.wait_briefly().await;
+                let status = process.wait_a_moment().await;
                 bail!(
                     "{} exited during start-up ({}); its log:\n{}",
                     process.name,
@@ -313,7 +313,7 @@ impl SheafProcess {
     }
 
     /// The exit status, once the process has exited (at most 1 s).
-    async fn wait_briefly(&mut self) -> Option<ExitStatus> {
+    async fn wait_a_moment(&mut self) -> Option<ExitStatus> {
         for _ in 0..50 {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Some(status);
