@@ -18,13 +18,18 @@
 //!   indexes and why each exists.
 //! - **Queue**: leases instead of held transactions and savepoints, one claimer per process; see
 //!   [`PostgresJobQueue`] and `migrations/0002_queue.sql`.
+//! - **Outbox**: with the queue here, a publish commits its event and jobs in one statement, and an
+//!   attempt commits with its job's outcome; see [`PostgresOutbox`] and
+//!   `migrations/0004_outbox.sql`.
 //! - **Entities**: `tenants` and `destinations`, secrets stored as given.
 //! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
 //!   server is [`sheaf_store::Error::Unavailable`], never a panic.
 //!
 //! No transaction is ever held while a caller works: every trait call is one statement (a
-//! latest-attempt call over more than 1,000 distinct keys is split into statements of 1,000), and
-//! only [`PostgresStores::migrate`] opens a transaction of its own.
+//! latest-attempt call over more than 1,000 distinct keys is split into statements of 1,000), or
+//! one short transaction (an outbox settlement). The exceptions are [`PostgresStores::migrate`]
+//! and an outbox shipment, which holds its transaction while its records are written to the log
+//! store, so that they leave the outbox only once they are there.
 
 mod config;
 mod db;
@@ -32,16 +37,18 @@ mod entity;
 mod error;
 mod log;
 mod migrate;
+mod outbox;
 mod queue;
 
 use std::sync::Arc;
 
-use sheaf_store::{EntityStore, JobQueue, LogStore, Result};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, Result};
 use sqlx::PgPool;
 
 pub use config::{DEFAULT_SCHEMA, PostgresConfig};
 pub use entity::PostgresEntityStore;
 pub use log::PostgresLogStore;
+pub use outbox::{OutboxLayout, PostgresOutbox};
 pub use queue::PostgresJobQueue;
 
 use crate::db::Db;
@@ -93,6 +100,18 @@ impl PostgresStores {
     /// The entity store, as the service uses it.
     pub fn entity_store(&self) -> Arc<dyn EntityStore> {
         Arc::new(self.entities.clone())
+    }
+
+    /// The outbox beside the queue (sheaf_store's `outbox` module docs): with
+    /// [`OutboxLayout::InTheLog`] this schema's log tables are the outbox, with
+    /// [`OutboxLayout::Shipped`] its own tables are, shipped to a log store elsewhere.
+    pub fn outbox(&self, layout: OutboxLayout) -> Arc<dyn Outbox> {
+        Arc::new(PostgresOutbox::new(
+            self.db.clone(),
+            layout,
+            self.queue.clone(),
+            &self.log,
+        ))
     }
 
     /// The log store with its Postgres-only extras (e.g.

@@ -163,6 +163,12 @@ impl PostgresLogStore {
         PostgresLogStore { db, sql }
     }
 
+    /// The statement that inserts attempts (13 column arrays, `bind_attempts`), for the outbox's
+    /// settlements when this store's tables are the outbox.
+    pub(crate) fn insert_attempts_sql(&self) -> &str {
+        &self.sql.insert_attempts
+    }
+
     /// The plan Postgres runs for [`LogStore::latest_attempts`] over `keys`, from
     /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`: the same statement with the same parameters,
     /// executed (it only reads). For diagnostics, and for the test that proves each key is one
@@ -242,7 +248,7 @@ impl<'a> KeyColumns<'a> {
     }
 }
 
-fn event_from_row(row: &PgRow) -> Result<Event> {
+pub(crate) fn event_from_row(row: &PgRow) -> Result<Event> {
     let data: Json<serde_json::Value> = get(row, "data")?;
     Ok(Event {
         tenant_id: TenantId::new(get::<String>(row, "tenant_id")?)?,
@@ -253,7 +259,7 @@ fn event_from_row(row: &PgRow) -> Result<Event> {
     })
 }
 
-fn attempt_from_row(row: &PgRow) -> Result<Attempt> {
+pub(crate) fn attempt_from_row(row: &PgRow) -> Result<Attempt> {
     let reading = "reading an attempt";
     let status: String = get(row, "status")?;
     let trigger: String = get(row, "trigger")?;
@@ -284,7 +290,10 @@ fn attempt_from_row(row: &PgRow) -> Result<Attempt> {
 
 /// Keeps the first record of each identity and sorts by it. Every writer then takes row locks in
 /// the same order, so two batches that share records wait for each other instead of deadlocking.
-fn dedupe_sorted<'a, T, K: Ord>(records: &'a [T], key: impl Fn(&'a T) -> K) -> Vec<&'a T> {
+pub(crate) fn dedupe_sorted<'a, T, K: Ord>(
+    records: &'a [T],
+    key: impl Fn(&'a T) -> K,
+) -> Vec<&'a T> {
     let mut keyed: Vec<(K, usize, &T)> = records
         .iter()
         .enumerate()
@@ -296,7 +305,7 @@ fn dedupe_sorted<'a, T, K: Ord>(records: &'a [T], key: impl Fn(&'a T) -> K) -> V
 }
 
 /// Binds the five event columns.
-fn bind_events<'q>(
+pub(crate) fn bind_events<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     events: &[&'q Event],
 ) -> Result<sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>> {
@@ -324,7 +333,7 @@ fn bind_events<'q>(
 }
 
 /// Binds the thirteen attempt columns.
-fn bind_attempts<'q>(
+pub(crate) fn bind_attempts<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     attempts: &[&'q Attempt],
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {

@@ -42,6 +42,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "entities",
         sql: include_str!("../migrations/0003_entities.sql"),
     },
+    Migration {
+        version: 4,
+        name: "outbox",
+        sql: include_str!("../migrations/0004_outbox.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

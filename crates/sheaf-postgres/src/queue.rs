@@ -44,7 +44,7 @@ use crate::error::from_sqlx;
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// The job columns a claim returns and a dead letter keeps.
-const JOB_COLUMNS: &str =
+pub(crate) const JOB_COLUMNS: &str =
     "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time";
 
 #[derive(Debug)]
@@ -225,6 +225,48 @@ fn job_from_row(row: &PgRow, due_column: &str) -> Result<Job> {
     })
 }
 
+/// Binds the seven job columns of an enqueue, in `JOB_COLUMNS` order and then `next_due_at`.
+pub(crate) fn bind_jobs<'q>(query: PgQuery<'q>, unique: &[&'q Job]) -> PgQuery<'q> {
+    query
+        .bind(unique.iter().map(|j| j.id.as_uuid()).collect::<Vec<_>>())
+        .bind(
+            unique
+                .iter()
+                .map(|j| j.tenant_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|j| j.event_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|j| j.destination_id.as_uuid())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|j| i64::from(j.attempt_number))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|j| j.last_attempt_time.map(|t| t.as_datetime()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|j| j.due_at.as_datetime())
+                .collect::<Vec<_>>(),
+        )
+}
+
 fn count(row: &PgRow, name: &str) -> Result<u64> {
     let n: i64 = get(row, name)?;
     Ok(u64::try_from(n).unwrap_or(0))
@@ -238,8 +280,9 @@ impl PostgresJobQueue {
 
     /// Runs an outcome statement whose first two parameters are the lease arrays, binding the
     /// rest with `bind_rest`, and returns the lost ids in the caller's order.
-    async fn outcome<'s, T: Sync>(
+    async fn outcome<'s, 'e, T: Sync>(
         &'s self,
+        exec: impl sqlx::PgExecutor<'e>,
         doing: &str,
         sql: &'s str,
         items: &[T],
@@ -267,11 +310,88 @@ impl PostgresJobQueue {
                     .collect::<Vec<_>>(),
             );
         let rows = bind_rest(query, &records)
-            .fetch_all(&self.db.pool)
+            .fetch_all(exec)
             .await
             .map_err(|e| from_sqlx(doing, e))?;
         let applied = applied_leases(&rows)?;
         Ok(lost_ids(&leases, &applied, &order))
+    }
+
+    /// [`JobQueue::complete`] on `exec` (the pool, or a transaction that commits more).
+    pub(crate) async fn complete_with<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        leases: &[Lease],
+    ) -> Result<Vec<JobId>> {
+        self.outcome(
+            exec,
+            "completing jobs",
+            &self.sql.complete,
+            leases,
+            |l| *l,
+            |q, _| q,
+        )
+        .await
+    }
+
+    /// [`JobQueue::reschedule`] on `exec`.
+    pub(crate) async fn reschedule_with<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        jobs: &[Reschedule],
+    ) -> Result<Vec<JobId>> {
+        self.outcome(
+            exec,
+            "rescheduling jobs",
+            &self.sql.reschedule,
+            jobs,
+            |r| r.lease,
+            |q, records| {
+                q.bind(
+                    records
+                        .iter()
+                        .map(|r| r.due_at.as_datetime())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    records
+                        .iter()
+                        .map(|r| i64::from(r.attempt_number))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    records
+                        .iter()
+                        .map(|r| r.last_attempt_time.map(|t| t.as_datetime()))
+                        .collect::<Vec<Option<DateTime<Utc>>>>(),
+                )
+            },
+        )
+        .await
+    }
+
+    /// [`JobQueue::dead_letter`] on `exec`.
+    pub(crate) async fn dead_letter_with<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        jobs: &[DeadLetterRequest],
+    ) -> Result<Vec<JobId>> {
+        self.outcome(
+            exec,
+            "dead-lettering jobs",
+            &self.sql.dead_letter,
+            jobs,
+            |r| r.lease,
+            |q, records| {
+                q.bind(
+                    records
+                        .iter()
+                        .map(|r| pg_text(&r.reason))
+                        .collect::<Vec<_>>(),
+                )
+            },
+        )
+        .await
     }
 }
 
@@ -288,44 +408,7 @@ impl JobQueue for PostgresJobQueue {
         }
         // Sorted by id: concurrent enqueues of overlapping jobs take locks in the same order.
         unique.sort_by_key(|j| j.id);
-        sqlx::query(&self.sql.enqueue)
-            .bind(unique.iter().map(|j| j.id.as_uuid()).collect::<Vec<_>>())
-            .bind(
-                unique
-                    .iter()
-                    .map(|j| j.tenant_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|j| j.event_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|j| j.destination_id.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|j| i64::from(j.attempt_number))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|j| j.last_attempt_time.map(|t| t.as_datetime()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|j| j.due_at.as_datetime())
-                    .collect::<Vec<_>>(),
-            )
+        bind_jobs(sqlx::query(&self.sql.enqueue), &unique)
             .execute(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("enqueueing jobs", e))?;
@@ -406,66 +489,20 @@ impl JobQueue for PostgresJobQueue {
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
-        self.outcome(
-            "completing jobs",
-            &self.sql.complete,
-            leases,
-            |l| *l,
-            |q, _| q,
-        )
-        .await
+        self.complete_with(&self.db.pool, leases).await
     }
 
     async fn reschedule(&self, jobs: &[Reschedule]) -> Result<Vec<JobId>> {
-        self.outcome(
-            "rescheduling jobs",
-            &self.sql.reschedule,
-            jobs,
-            |r| r.lease,
-            |q, records| {
-                q.bind(
-                    records
-                        .iter()
-                        .map(|r| r.due_at.as_datetime())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    records
-                        .iter()
-                        .map(|r| i64::from(r.attempt_number))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    records
-                        .iter()
-                        .map(|r| r.last_attempt_time.map(|t| t.as_datetime()))
-                        .collect::<Vec<Option<DateTime<Utc>>>>(),
-                )
-            },
-        )
-        .await
+        self.reschedule_with(&self.db.pool, jobs).await
     }
 
     async fn dead_letter(&self, jobs: &[DeadLetterRequest]) -> Result<Vec<JobId>> {
-        self.outcome(
-            "dead-lettering jobs",
-            &self.sql.dead_letter,
-            jobs,
-            |r| r.lease,
-            |q, records| {
-                q.bind(
-                    records
-                        .iter()
-                        .map(|r| pg_text(&r.reason))
-                        .collect::<Vec<_>>(),
-                )
-            },
-        )
-        .await
+        self.dead_letter_with(&self.db.pool, jobs).await
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
         self.outcome(
+            &self.db.pool,
             "releasing jobs",
             &self.sql.release,
             leases,

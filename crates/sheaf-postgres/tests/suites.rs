@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use sheaf_postgres::OutboxLayout;
 use sheaf_store::LogStore;
 use sheaf_store::testkit::{conformance, parity};
 use sheaf_testenv::require_postgres;
@@ -30,4 +31,27 @@ async fn parity_of_the_postgres_log_store() {
     let test = TestSchema::new(&url).await;
     let store: Arc<dyn LogStore> = test.stores.log_store();
     parity::run(store, &parity::ParityConfig::from_env(), &[]).await;
+}
+
+/// The outbox suite in both layouts, each over a queue of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_outbox() {
+    let url = require_postgres!("conformance_of_the_outbox");
+    let _gate = Gate::shared(&url).await;
+    for layout in [OutboxLayout::Shipped, OutboxLayout::InTheLog] {
+        eprintln!("outbox layout: {layout:?}");
+        let test = TestSchema::new(&url).await;
+        let stores = &test.stores;
+        let (outbox, queue, log) = (
+            stores.outbox(layout),
+            stores.job_queue(),
+            stores.log_store(),
+        );
+        conformance::run_outbox(conformance::outbox::Stores {
+            outbox: &*outbox,
+            queue: &*queue,
+            log: &*log,
+        })
+        .await;
+    }
 }

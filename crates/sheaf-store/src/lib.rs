@@ -34,6 +34,7 @@ pub mod entity;
 mod error;
 pub mod ids;
 pub mod log;
+pub mod outbox;
 pub mod page;
 pub mod queue;
 mod time;
@@ -51,6 +52,7 @@ pub use log::{
     Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Event, EventFilter,
     EventKey, LogStore, Payload, TimeRange, validate_topic,
 };
+pub use outbox::{Intake, Outbox, OutboxBacklog, Settlement, Shipment, validate_intakes};
 pub use page::{Cursor, MAX_PAGE_LIMIT, Page, PageRequest};
 pub use queue::{
     ClaimedJob, DeadLetter, DeadLetterRequest, Job, JobQueue, Lease, QueueDepth, Renewed,

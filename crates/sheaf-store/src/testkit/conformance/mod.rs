@@ -6,6 +6,7 @@
 
 pub mod entity;
 pub mod log;
+pub mod outbox;
 pub mod queue;
 
 use std::fmt::Debug;
@@ -69,6 +70,22 @@ pub async fn run_job_queue(queue: &dyn JobQueue) {
             queue::lost_leases_change_nothing,
             queue::dead_letters_are_kept_and_listed,
             queue::purge_tenant_removes_its_jobs,
+        ]
+    );
+}
+
+/// Runs every [`crate::Outbox`] case, one at a time. The queue must be idle and used by nobody
+/// else; the outbox must be the queue's.
+pub async fn run_outbox(stores: outbox::Stores<'_>) {
+    run_cases!(
+        "outbox",
+        stores,
+        [
+            outbox::accept_commits_each_key_once,
+            outbox::accept_refuses_stray_jobs,
+            outbox::settle_records_attempts_with_outcomes,
+            outbox::shipments_hand_over_each_record_once,
+            outbox::pruned_keys_are_accepted_again,
         ]
     );
 }

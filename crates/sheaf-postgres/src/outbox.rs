@@ -1,0 +1,451 @@
+//! [`PostgresOutbox`]: the durable intake in front of the Postgres queue (sheaf_store's `outbox`
+//! module docs), in one of two layouts.
+//!
+//! - **Shipped** (the log store is elsewhere, e.g. ClickHouse): an accepted event's key goes into
+//!   `accepted_events` (the idempotency record), its payload into `outbox_events` and its jobs
+//!   into `jobs`, all in one statement; a settlement writes attempts into `outbox_attempts`
+//!   together with the outcomes. A [`Shipment`] deletes the rows it takes inside a transaction
+//!   it holds open until the log store acknowledged them: committing removes them for good,
+//!   dropping it rolls the delete back. `FOR UPDATE SKIP LOCKED` lets the shippers of several
+//!   processes share the backlog without waiting for each other.
+//! - **In the log** (the log store is this schema's `events` and `attempts`): the log tables are
+//!   the outbox. Accepting inserts into `events` (its primary key is the idempotency record, kept
+//!   as long as the log keeps the event), a settlement inserts into `attempts`, and nothing is
+//!   ever shipped.
+//!
+//! Either way a publish is one statement and one commit per batch, and a settlement one
+//! transaction: the service coalesces concurrent publishes into one call (group commit).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use async_trait::async_trait;
+use sheaf_store::{
+    Attempt, Event, EventKey, Intake, Job, JobId, Outbox, OutboxBacklog, Result, Settlement,
+    Shipment, Timestamp, validate_intakes,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Transaction};
+
+use crate::db::{Db, get, get_opt_time};
+use crate::error::from_sqlx;
+use crate::log::{
+    PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted, event_from_row,
+};
+use crate::queue::{JOB_COLUMNS, PostgresJobQueue, bind_jobs};
+
+/// Where accepted events and settled attempts go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxLayout {
+    /// Into outbox tables, shipped to a log store elsewhere.
+    Shipped,
+    /// Into this schema's log tables, which are then the outbox.
+    InTheLog,
+}
+
+#[derive(Debug)]
+struct Statements {
+    accept: String,
+    insert_attempts: String,
+    get_events: String,
+    take_events: String,
+    take_attempts: String,
+    prune: String,
+    backlog: String,
+}
+
+impl Statements {
+    fn new(s: &str, layout: OutboxLayout, log: &PostgresLogStore) -> Self {
+        // Events in $1..$5 (bind_events), jobs in $6..$12 (bind_jobs).
+        let events = "unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[])
+                      AS e(tenant_id, event_id, topic, event_time, data)";
+        let new_keys = match layout {
+            OutboxLayout::Shipped => format!(
+                "INSERT INTO {s}.accepted_events (tenant_id, event_id, accepted_at)
+                 SELECT e.tenant_id, e.event_id, now() FROM {events}
+                 ON CONFLICT (tenant_id, event_id) DO NOTHING
+                 RETURNING tenant_id, event_id"
+            ),
+            OutboxLayout::InTheLog => format!(
+                "INSERT INTO {s}.events (tenant_id, event_id, topic, event_time, data)
+                 SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json FROM {events}
+                 ON CONFLICT (tenant_id, event_id) DO NOTHING
+                 RETURNING tenant_id, event_id"
+            ),
+        };
+        let payloads = match layout {
+            OutboxLayout::Shipped => format!(
+                ", payloads AS (
+                     INSERT INTO {s}.outbox_events (tenant_id, event_id, topic, event_time, data)
+                     SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json
+                     FROM {events}
+                     JOIN new USING (tenant_id, event_id)
+                     ORDER BY e.tenant_id, e.event_id
+                 )"
+            ),
+            OutboxLayout::InTheLog => String::new(),
+        };
+        // Only the new events' jobs, and never an id that is dead-lettered (as `enqueue`).
+        let accept = format!(
+            "WITH new AS ({new_keys}){payloads}, queued AS (
+                 INSERT INTO {s}.jobs ({JOB_COLUMNS}, next_due_at)
+                 SELECT j.* FROM unnest($6::uuid[], $7::text[], $8::text[], $9::uuid[],
+                                        $10::bigint[], $11::timestamptz[], $12::timestamptz[])
+                                 AS j(id, tenant_id, event_id, destination_id, attempt_number,
+                                      last_attempt_time, next_due_at)
+                 JOIN new USING (tenant_id, event_id)
+                 WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = j.id)
+                 ON CONFLICT (id) DO NOTHING
+             )
+             SELECT tenant_id, event_id FROM new"
+        );
+        let insert_attempts = match layout {
+            OutboxLayout::Shipped => {
+                let params: Vec<String> = [
+                    "text",
+                    "uuid",
+                    "text",
+                    "uuid",
+                    "bigint",
+                    "timestamptz",
+                    "text",
+                    "text",
+                    "integer",
+                    "bigint",
+                    "text",
+                    "text",
+                    "text",
+                    "text",
+                ]
+                .iter()
+                .enumerate()
+                .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
+                .collect();
+                format!(
+                    "INSERT INTO {s}.outbox_attempts (tenant_id, attempt_id, event_id,
+                         destination_id, number, attempt_time, status, trigger, response_code,
+                         duration_ms, response_body, error, event_topic, event_data)
+                     SELECT tenant_id, attempt_id, event_id, destination_id, number, attempt_time,
+                            status, trigger, response_code, duration_ms, response_body, error,
+                            event_topic, event_data::json
+                     FROM unnest({}) AS a(tenant_id, attempt_id, event_id, destination_id, number,
+                          attempt_time, status, trigger, response_code, duration_ms,
+                          response_body, error, event_topic, event_data)",
+                    params.join(", ")
+                )
+            }
+            OutboxLayout::InTheLog => log.insert_attempts_sql().to_owned(),
+        };
+        let event_table = match layout {
+            OutboxLayout::Shipped => "outbox_events",
+            OutboxLayout::InTheLog => "events",
+        };
+        Statements {
+            accept,
+            insert_attempts,
+            get_events: format!(
+                "SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data
+                 FROM unnest($1::text[], $2::text[]) AS k(tenant_id, event_id)
+                 JOIN {s}.{event_table} AS e
+                   ON e.tenant_id = k.tenant_id AND e.event_id = k.event_id"
+            ),
+            take_events: format!(
+                "DELETE FROM {s}.outbox_events
+                 WHERE seq IN (SELECT seq FROM {s}.outbox_events ORDER BY seq LIMIT $1
+                               FOR UPDATE SKIP LOCKED)
+                 RETURNING seq, tenant_id, event_id, topic, event_time, data"
+            ),
+            take_attempts: format!(
+                "DELETE FROM {s}.outbox_attempts AS a
+                 WHERE seq IN (SELECT seq FROM {s}.outbox_attempts ORDER BY seq LIMIT $1
+                               FOR UPDATE SKIP LOCKED)
+                 RETURNING a.seq, a.tenant_id, a.attempt_id, a.event_id, a.destination_id,
+                           a.number, a.attempt_time, a.status, a.trigger, a.response_code,
+                           a.duration_ms, a.response_body, a.error, a.event_topic,
+                           a.event_data AS data"
+            ),
+            // Bounded per call, so a long-expired backlog is pruned in steps that each hold
+            // their locks briefly.
+            prune: format!(
+                "WITH gone AS (
+                     DELETE FROM {s}.accepted_events
+                     WHERE ctid = ANY (ARRAY(SELECT ctid FROM {s}.accepted_events
+                                             WHERE accepted_at < $1 LIMIT $2))
+                     RETURNING 1)
+                 SELECT count(*) AS pruned FROM gone"
+            ),
+            backlog: format!(
+                "SELECT (SELECT count(*) FROM {s}.outbox_events) AS events,
+                        (SELECT count(*) FROM {s}.outbox_attempts) AS attempts,
+                        LEAST((SELECT event_time FROM {s}.outbox_events ORDER BY seq LIMIT 1),
+                              (SELECT attempt_time FROM {s}.outbox_attempts ORDER BY seq LIMIT 1))
+                            AS oldest"
+            ),
+        }
+    }
+}
+
+/// The outbox on Postgres, beside the queue in the same schema. Cheap to clone.
+#[derive(Clone)]
+pub struct PostgresOutbox {
+    db: Db,
+    layout: OutboxLayout,
+    queue: PostgresJobQueue,
+    sql: std::sync::Arc<Statements>,
+}
+
+impl fmt::Debug for PostgresOutbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresOutbox")
+            .field("schema", &self.db.schema())
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresOutbox {
+    pub(crate) fn new(
+        db: Db,
+        layout: OutboxLayout,
+        queue: PostgresJobQueue,
+        log: &PostgresLogStore,
+    ) -> Self {
+        let sql = std::sync::Arc::new(Statements::new(db.schema(), layout, log));
+        PostgresOutbox {
+            db,
+            layout,
+            queue,
+            sql,
+        }
+    }
+
+    /// The layout it writes.
+    pub fn layout(&self) -> OutboxLayout {
+        self.layout
+    }
+}
+
+/// Binds the attempts of a settlement, with their payloads when the outbox keeps them.
+fn attempts_query<'q>(
+    sql: &'q str,
+    attempts: &[&'q Attempt],
+    with_payload: bool,
+) -> Result<sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>> {
+    let query = bind_attempts(sqlx::query(sql), attempts);
+    if !with_payload {
+        return Ok(query);
+    }
+    let data = attempts
+        .iter()
+        .map(|a| serde_json::to_string(a.event_data.value()))
+        .collect::<std::result::Result<Vec<String>, _>>()
+        .map_err(|e| sheaf_store::Error::invalid_input(format!("attempt event data: {e}")))?;
+    Ok(query.bind(data))
+}
+
+#[async_trait]
+impl Outbox for PostgresOutbox {
+    async fn accept(&self, intakes: &[Intake]) -> Result<Vec<bool>> {
+        validate_intakes(intakes)?;
+        let events: Vec<Event> = intakes.iter().map(|i| i.event.clone()).collect();
+        // One row per key, sorted: concurrent batches take their locks in the same order.
+        let unique = dedupe_sorted(&events, |e| (e.tenant_id.as_str(), e.id.as_str()));
+        if unique.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Only the first intake of a key brings its jobs: a later one is a repeat.
+        let mut first_of_key = HashSet::new();
+        let mut seen_jobs = HashSet::new();
+        let mut jobs: Vec<&Job> = intakes
+            .iter()
+            .filter(|i| first_of_key.insert((i.event.tenant_id.as_str(), i.event.id.as_str())))
+            .flat_map(|i| &i.jobs)
+            .filter(|j| seen_jobs.insert(j.id))
+            .collect();
+        jobs.sort_by_key(|j| j.id);
+        let query = bind_events(sqlx::query(&self.sql.accept), &unique)?;
+        let rows = bind_jobs(query, &jobs)
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("accepting events", e))?;
+        let mut new: HashSet<(String, String)> = rows
+            .iter()
+            .map(|row| Ok((get(row, "tenant_id")?, get(row, "event_id")?)))
+            .collect::<Result<_>>()?;
+        // The first intake of a key takes its answer; a later one in the call is a repeat.
+        Ok(intakes
+            .iter()
+            .map(|i| {
+                new.remove(&(
+                    i.event.tenant_id.as_str().to_owned(),
+                    i.event.id.as_str().to_owned(),
+                ))
+            })
+            .collect())
+    }
+
+    async fn settle(&self, settlement: &Settlement) -> Result<Vec<JobId>> {
+        if settlement.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fail = |e| from_sqlx("settling attempts and outcomes", e);
+        let mut tx = self.db.pool.begin().await.map_err(fail)?;
+        let attempts = dedupe_sorted(&settlement.attempts, |a| (a.tenant_id.as_str(), a.id));
+        if !attempts.is_empty() {
+            let with_payload = self.layout == OutboxLayout::Shipped;
+            attempts_query(&self.sql.insert_attempts, &attempts, with_payload)?
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+        }
+        let mut lost = self
+            .queue
+            .complete_with(&mut *tx, &settlement.complete)
+            .await?;
+        lost.extend(
+            self.queue
+                .reschedule_with(&mut *tx, &settlement.reschedule)
+                .await?,
+        );
+        lost.extend(
+            self.queue
+                .dead_letter_with(&mut *tx, &settlement.dead_letter)
+                .await?,
+        );
+        tx.commit().await.map_err(fail)?;
+        Ok(lost)
+    }
+
+    async fn get_events(&self, keys: &[EventKey]) -> Result<HashMap<EventKey, Event>> {
+        let mut seen = HashSet::with_capacity(keys.len());
+        let unique: Vec<&EventKey> = keys.iter().filter(|k| seen.insert(*k)).collect();
+        if unique.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows = sqlx::query(&self.sql.get_events)
+            .bind(
+                unique
+                    .iter()
+                    .map(|k| k.tenant_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|k| k.event_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("reading events from the outbox", e))?;
+        rows.iter()
+            .map(|row| event_from_row(row).map(|event| (event.key(), event)))
+            .collect()
+    }
+
+    async fn take(&self, max_records: usize) -> Result<Option<Box<dyn Shipment>>> {
+        if self.layout == OutboxLayout::InTheLog || max_records == 0 {
+            return Ok(None);
+        }
+        let fail = |e| from_sqlx("taking records from the outbox", e);
+        let mut tx = self.db.pool.begin().await.map_err(fail)?;
+        let limit = i64::try_from(max_records).unwrap_or(i64::MAX);
+        let mut rows = sqlx::query(&self.sql.take_events)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(fail)?;
+        // RETURNING follows no order; shipping keeps the outbox's.
+        rows.sort_by_cached_key(|row| get::<i64>(row, "seq").unwrap_or(0));
+        let events = rows
+            .iter()
+            .map(event_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        let mut attempts = Vec::new();
+        let room = max_records - events.len();
+        if room > 0 {
+            let mut rows = sqlx::query(&self.sql.take_attempts)
+                .bind(i64::try_from(room).unwrap_or(i64::MAX))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(fail)?;
+            rows.sort_by_cached_key(|row| get::<i64>(row, "seq").unwrap_or(0));
+            attempts = rows
+                .iter()
+                .map(attempt_from_row)
+                .collect::<Result<Vec<_>>>()?;
+        }
+        if events.is_empty() && attempts.is_empty() {
+            // Nothing was deleted; ending the transaction either way is the same.
+            tx.rollback().await.map_err(fail)?;
+            return Ok(None);
+        }
+        Ok(Some(Box::new(PostgresShipment {
+            tx,
+            events,
+            attempts,
+        })))
+    }
+
+    async fn prune_keys(&self, before: Timestamp, max: usize) -> Result<u64> {
+        if self.layout == OutboxLayout::InTheLog || max == 0 {
+            return Ok(0);
+        }
+        let row = sqlx::query(&self.sql.prune)
+            .bind(before.as_datetime())
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .fetch_one(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("pruning accepted event keys", e))?;
+        let pruned: i64 = get(&row, "pruned")?;
+        Ok(u64::try_from(pruned).unwrap_or(0))
+    }
+
+    async fn backlog(&self) -> Result<OutboxBacklog> {
+        if self.layout == OutboxLayout::InTheLog {
+            return Ok(OutboxBacklog::default());
+        }
+        let row: PgRow = sqlx::query(&self.sql.backlog)
+            .fetch_one(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("measuring the outbox", e))?;
+        let count = |name: &str| -> Result<u64> {
+            let n: i64 = get(&row, name)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        Ok(OutboxBacklog {
+            events: count("events")?,
+            attempts: count("attempts")?,
+            oldest: get_opt_time(&row, "oldest")?,
+        })
+    }
+
+    fn is_log(&self) -> bool {
+        self.layout == OutboxLayout::InTheLog
+    }
+}
+
+/// Rows deleted inside an open transaction: committed once shipped, rolled back when dropped.
+struct PostgresShipment {
+    tx: Transaction<'static, Postgres>,
+    events: Vec<Event>,
+    attempts: Vec<Attempt>,
+}
+
+#[async_trait]
+impl Shipment for PostgresShipment {
+    fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| from_sqlx("removing shipped records from the outbox", e))
+    }
+}

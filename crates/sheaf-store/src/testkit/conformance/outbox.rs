@@ -1,0 +1,396 @@
+//! [`Outbox`] conformance: events commit with their jobs and only once per key, settlements
+//! commit attempts with outcomes under the lease rule, shipments hand every record over exactly
+//! once and give back what they do not commit, and key pruning ends the idempotency window.
+//!
+//! Each case takes the outbox, the queue beside it (idle, used by nobody else: a claim takes any
+//! due job) and the log store it feeds. An outbox whose log tables are the outbox
+//! ([`Outbox::is_log`]) is checked through the log store instead of through shipments.
+
+use std::time::Duration;
+
+use super::assert_kind;
+use crate::testkit::fixtures::{attempt, event, unique_tenant};
+use crate::{
+    AttemptKey, DeadLetterRequest, DestinationId, ErrorKind, Event, EventKey, Intake, Job,
+    JobQueue, LogStore, Outbox, Reschedule, Settlement, TenantId, Timestamp,
+};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// The outbox and the stores beside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Stores<'a> {
+    /// The outbox under test.
+    pub outbox: &'a dyn Outbox,
+    /// The queue the outbox enqueues into and settles outcomes in.
+    pub queue: &'a dyn JobQueue,
+    /// The log store: the outbox's own tables, or where its shipments go.
+    pub log: &'a dyn LogStore,
+}
+
+fn intake(tenant: &TenantId, id: &str, destinations: &[DestinationId]) -> Intake {
+    let event = event(tenant, id, "order.created", Timestamp::now());
+    let jobs = destinations
+        .iter()
+        .map(|d| Job {
+            id: crate::JobId::generate(),
+            tenant_id: tenant.clone(),
+            event_id: event.id.clone(),
+            destination_id: *d,
+            attempt_number: 1,
+            last_attempt_time: None,
+            due_at: Timestamp::now(),
+        })
+        .collect();
+    Intake { event, jobs }
+}
+
+async fn assert_idle(queue: &dyn JobQueue, case: &str) {
+    let depth = queue.depth().await.expect("depth");
+    assert_eq!(
+        depth.due + depth.scheduled + depth.claimed,
+        0,
+        "{case}: the queue must start idle"
+    );
+}
+
+/// Every record the outbox still has for the log store, shipped and committed. Returns the
+/// events and attempts shipped.
+async fn ship_all(stores: Stores<'_>) -> (Vec<Event>, Vec<crate::Attempt>) {
+    let mut events = Vec::new();
+    let mut attempts = Vec::new();
+    while let Some(shipment) = stores.outbox.take(100).await.expect("take") {
+        stores
+            .log
+            .insert_many(shipment.events(), shipment.attempts())
+            .await
+            .expect("log write");
+        events.extend_from_slice(shipment.events());
+        attempts.extend_from_slice(shipment.attempts());
+        shipment.commit().await.expect("commit the shipment");
+    }
+    (events, attempts)
+}
+
+/// Events commit with their jobs; a repeated key, in a later call or the same one, is answered
+/// as not new and enqueues nothing, also after its job is gone.
+pub async fn accept_commits_each_key_once(stores: Stores<'_>) {
+    let case = "accept_commits_each_key_once";
+    assert_idle(stores.queue, case).await;
+    let tenant = unique_tenant("outbox-accept");
+    let (d1, d2) = (DestinationId::generate(), DestinationId::generate());
+    let first = intake(&tenant, "evt-1", &[d1, d2]);
+    let second = intake(&tenant, "evt-2", &[d1]);
+    let again_in_call = intake(&tenant, "evt-2", &[d2]);
+    let new = stores
+        .outbox
+        .accept(&[first.clone(), second.clone(), again_in_call])
+        .await
+        .expect("accept");
+    assert_eq!(new, vec![true, true, false], "{case}: answers per intake");
+    let claimed = stores.queue.claim(10, LEASE).await.expect("claim");
+    let mut got: Vec<(String, DestinationId)> = claimed
+        .iter()
+        .map(|c| (c.job.event_id.as_str().to_owned(), c.job.destination_id))
+        .collect();
+    got.sort();
+    let mut want = vec![
+        ("evt-1".to_owned(), d1),
+        ("evt-1".to_owned(), d2),
+        ("evt-2".to_owned(), d1),
+    ];
+    want.sort();
+    assert_eq!(
+        got, want,
+        "{case}: the jobs of the new events, and only those"
+    );
+
+    // The jobs finish; the same ids come again, with other job ids: nothing new.
+    let done = Settlement {
+        complete: claimed.iter().map(|c| c.lease).collect(),
+        ..Settlement::default()
+    };
+    let lost = stores.outbox.settle(&done).await.expect("settle");
+    assert!(lost.is_empty(), "{case}: no lease lost: {lost:?}");
+    let again = stores
+        .outbox
+        .accept(&[
+            intake(&tenant, "evt-1", &[d1]),
+            intake(&tenant, "evt-2", &[d2]),
+        ])
+        .await
+        .expect("accept again");
+    assert_eq!(
+        again,
+        vec![false, false],
+        "{case}: repeats after the jobs are gone"
+    );
+    assert_idle(stores.queue, case).await;
+
+    // The events reach the log store (at once, or through a shipment) exactly once.
+    if !stores.outbox.is_log() {
+        let (events, attempts) = ship_all(stores).await;
+        let mut ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+        ids.sort();
+        assert_eq!(
+            ids,
+            vec!["evt-1", "evt-2"],
+            "{case}: each event shipped once"
+        );
+        assert!(attempts.is_empty(), "{case}: no attempts were made");
+    }
+    let keys = [first.event.key(), second.event.key()];
+    let found = stores.log.get_events(&keys).await.expect("get_events");
+    assert_eq!(
+        found.get(&keys[0]),
+        Some(&first.event),
+        "{case}: event 1 in the log"
+    );
+    assert_eq!(
+        found.get(&keys[1]),
+        Some(&second.event),
+        "{case}: event 2 in the log"
+    );
+    stores.queue.purge_tenant(&tenant).await.expect("purge");
+}
+
+/// A job of another event than its intake's is refused, and the call writes nothing.
+pub async fn accept_refuses_stray_jobs(stores: Stores<'_>) {
+    let case = "accept_refuses_stray_jobs";
+    assert_idle(stores.queue, case).await;
+    let tenant = unique_tenant("outbox-stray");
+    let good = intake(&tenant, "evt-good", &[DestinationId::generate()]);
+    let mut stray = intake(&tenant, "evt-stray", &[DestinationId::generate()]);
+    stray.jobs[0].event_id = good.event.id.clone();
+    assert_kind(
+        stores.outbox.accept(&[good.clone(), stray]).await,
+        ErrorKind::InvalidInput,
+        case,
+    );
+    assert_idle(stores.queue, case).await;
+    let new = stores.outbox.accept(&[good]).await.expect("accept");
+    assert_eq!(new, vec![true], "{case}: the refused call accepted nothing");
+    let claimed = stores.queue.claim(10, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 1, "{case}: one job");
+    let lost = stores
+        .outbox
+        .settle(&Settlement {
+            complete: vec![claimed[0].lease],
+            ..Settlement::default()
+        })
+        .await
+        .expect("settle");
+    assert!(lost.is_empty());
+    ship_all(stores).await;
+    stores.queue.purge_tenant(&tenant).await.expect("purge");
+}
+
+/// A settlement records every attempt, also one whose lease is lost, and applies each outcome
+/// under the lease rule, in one commit.
+pub async fn settle_records_attempts_with_outcomes(stores: Stores<'_>) {
+    let case = "settle_records_attempts_with_outcomes";
+    assert_idle(stores.queue, case).await;
+    let tenant = unique_tenant("outbox-settle");
+    let ds: Vec<DestinationId> = (0..4).map(|_| DestinationId::generate()).collect();
+    let accepted = intake(&tenant, "evt-settle", &ds);
+    stores
+        .outbox
+        .accept(std::slice::from_ref(&accepted))
+        .await
+        .expect("accept");
+    let claimed = stores.queue.claim(10, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 4, "{case}: four jobs");
+    let now = Timestamp::now();
+    let attempts: Vec<crate::Attempt> = claimed
+        .iter()
+        .map(|c| attempt(&accepted.event, c.job.destination_id, now))
+        .collect();
+    // The fourth job's lease is stale: a later claim would hold a later `claimed_until`.
+    let mut stale = claimed[3].lease;
+    stale.claimed_until = stale
+        .claimed_until
+        .checked_sub(Duration::from_secs(1))
+        .expect("in range");
+    let settlement = Settlement {
+        attempts: attempts.clone(),
+        complete: vec![claimed[0].lease, stale],
+        reschedule: vec![Reschedule {
+            lease: claimed[1].lease,
+            due_at: now.saturating_add(Duration::from_secs(3600)),
+            attempt_number: 2,
+            last_attempt_time: Some(now),
+        }],
+        dead_letter: vec![DeadLetterRequest {
+            lease: claimed[2].lease,
+            reason: "gave up".to_owned(),
+        }],
+    };
+    let lost = stores.outbox.settle(&settlement).await.expect("settle");
+    assert_eq!(
+        lost,
+        vec![claimed[3].job.id],
+        "{case}: only the stale lease is lost"
+    );
+    let depth = stores.queue.depth().await.expect("depth");
+    assert_eq!(
+        (depth.scheduled, depth.claimed, depth.dead_lettered),
+        (1, 1, 1),
+        "{case}: one rescheduled, one still held, one dead-lettered: {depth:?}"
+    );
+    if !stores.outbox.is_log() {
+        let (_, shipped) = ship_all(stores).await;
+        let mut got: Vec<_> = shipped.iter().map(|a| a.id).collect();
+        let mut want: Vec<_> = attempts.iter().map(|a| a.id).collect();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{case}: every attempt shipped once");
+        for a in &shipped {
+            let made = attempts.iter().find(|m| m.id == a.id).expect("made");
+            assert_eq!(a, made, "{case}: an attempt ships as it was made");
+        }
+    }
+    for a in &attempts {
+        let key = AttemptKey {
+            tenant_id: tenant.clone(),
+            event_id: a.event_id.clone(),
+            destination_id: a.destination_id,
+            attempt_time: now,
+        };
+        let latest = stores.log.latest_attempt(&key).await.expect("latest");
+        assert_eq!(
+            latest.as_ref().map(|l| l.id),
+            Some(a.id),
+            "{case}: attempt in the log"
+        );
+    }
+    stores.queue.purge_tenant(&tenant).await.expect("purge");
+}
+
+/// A shipment hides its records from other shipments until it commits; dropped, it gives them
+/// back; committed, they are gone from the outbox and from its event reads.
+pub async fn shipments_hand_over_each_record_once(stores: Stores<'_>) {
+    let case = "shipments_hand_over_each_record_once";
+    if stores.outbox.is_log() {
+        assert!(
+            stores.outbox.take(10).await.expect("take").is_none(),
+            "{case}"
+        );
+        return;
+    }
+    assert_idle(stores.queue, case).await;
+    // Leftovers of earlier cases would be taken too.
+    ship_all(stores).await;
+    let tenant = unique_tenant("outbox-ship");
+    let intakes: Vec<Intake> = (0..5)
+        .map(|i| intake(&tenant, &format!("evt-{i}"), &[]))
+        .collect();
+    stores.outbox.accept(&intakes).await.expect("accept");
+    let keys: Vec<EventKey> = intakes.iter().map(|i| i.event.key()).collect();
+    let waiting = stores.outbox.get_events(&keys).await.expect("get_events");
+    assert_eq!(waiting.len(), 5, "{case}: waiting events are readable");
+    let backlog = stores.outbox.backlog().await.expect("backlog");
+    assert_eq!(
+        (backlog.events, backlog.attempts),
+        (5, 0),
+        "{case}: {backlog:?}"
+    );
+    assert!(backlog.oldest.is_some(), "{case}: the oldest time is known");
+
+    let a = stores.outbox.take(3).await.expect("take").expect("records");
+    let b = stores
+        .outbox
+        .take(10)
+        .await
+        .expect("take")
+        .expect("records");
+    let ids = |events: &[Event]| -> Vec<String> {
+        events.iter().map(|e| e.id.as_str().to_owned()).collect()
+    };
+    assert_eq!(
+        ids(a.events()),
+        ["evt-0", "evt-1", "evt-2"],
+        "{case}: oldest first"
+    );
+    assert_eq!(
+        ids(b.events()),
+        ["evt-3", "evt-4"],
+        "{case}: the rest, not shared"
+    );
+    assert!(
+        stores.outbox.take(10).await.expect("take").is_none(),
+        "{case}: all held"
+    );
+    drop(b);
+    // A dropped shipment's rollback may reach the server a moment later.
+    let mut again = None;
+    for _ in 0..50 {
+        again = stores.outbox.take(10).await.expect("take");
+        if again.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = again.expect("a dropped shipment gives its records back");
+    assert_eq!(
+        ids(again.events()),
+        ["evt-3", "evt-4"],
+        "{case}: given back"
+    );
+    a.commit().await.expect("commit");
+    again.commit().await.expect("commit");
+    assert!(
+        stores.outbox.take(10).await.expect("take").is_none(),
+        "{case}: empty"
+    );
+    let gone = stores.outbox.get_events(&keys).await.expect("get_events");
+    assert!(gone.is_empty(), "{case}: shipped events leave the outbox");
+    assert_eq!(
+        stores.outbox.backlog().await.expect("backlog"),
+        crate::OutboxBacklog::default(),
+        "{case}: nothing waits"
+    );
+    // Still known: the idempotency record outlives the payload.
+    let repeat = stores.outbox.accept(&intakes[..1]).await.expect("accept");
+    assert_eq!(
+        repeat,
+        vec![false],
+        "{case}: a shipped event is still a repeat"
+    );
+}
+
+/// Pruning forgets keys accepted before the given time, so the id is new again after the
+/// idempotency window; an outbox whose keys live in the log prunes nothing.
+pub async fn pruned_keys_are_accepted_again(stores: Stores<'_>) {
+    let case = "pruned_keys_are_accepted_again";
+    assert_idle(stores.queue, case).await;
+    let tenant = unique_tenant("outbox-prune");
+    let first = intake(&tenant, "evt-prune", &[]);
+    stores
+        .outbox
+        .accept(std::slice::from_ref(&first))
+        .await
+        .expect("accept");
+    let past = Timestamp::now()
+        .checked_sub(Duration::from_secs(3600))
+        .expect("in range");
+    assert_eq!(
+        stores.outbox.prune_keys(past, 1000).await.expect("prune"),
+        0,
+        "{case}: nothing is that old"
+    );
+    let future = Timestamp::now().saturating_add(Duration::from_secs(3600));
+    let pruned = stores.outbox.prune_keys(future, 1000).await.expect("prune");
+    let again = stores
+        .outbox
+        .accept(std::slice::from_ref(&first))
+        .await
+        .expect("accept");
+    if stores.outbox.is_log() {
+        assert_eq!(pruned, 0, "{case}: keys in the log are not pruned");
+        assert_eq!(again, vec![false], "{case}: still a repeat");
+    } else {
+        assert!(pruned >= 1, "{case}: the key was pruned");
+        assert_eq!(again, vec![true], "{case}: new again after its window");
+    }
+    ship_all(stores).await;
+}
