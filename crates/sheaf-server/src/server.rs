@@ -1,5 +1,5 @@
-//! Starting and stopping one `sheaf` process: stores, core, HTTP server, delivery engine and,
-//! when configured, the CDC source.
+//! Starting and stopping one `sheaf` process: stores, core, HTTP server, delivery engine, the
+//! log shipper when an outbox feeds the log store, and, when configured, the CDC source.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::delivery::Engine;
 use crate::ingest::cdc::CdcRunner;
+use crate::ingest::shipper::Shipper;
 use crate::settings::Config;
 use crate::state::{Core, Migrate, Stores};
 
@@ -25,6 +26,8 @@ pub struct Running {
     /// `None` with `SHEAF_DELIVERY_WORKERS=0`: this process only serves the API.
     engine: Option<Engine>,
     cdc: Option<CdcRunner>,
+    /// `None` unless the queue is in Postgres and the log store elsewhere.
+    shipper: Option<Shipper>,
 }
 
 /// Connects the configured stores (migrating database schemas) and starts the service.
@@ -45,6 +48,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
     } else {
         None
     };
+    let shipper = Shipper::start(&core);
     let cdc = core
         .config
         .cdc
@@ -64,6 +68,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         http,
         engine,
         cdc,
+        shipper,
     })
 }
 
@@ -72,7 +77,7 @@ impl Running {
     /// accepted publish is durable) while the CDC source stops reading, finishes the publishes
     /// under way, acknowledges them and reports its position; then the engine stops claiming,
     /// finishes in-flight deliveries up to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted
-    /// claims, then the completer and the write coalescer flush.
+    /// claims, then the completer, the log shipper and the write coalescer flush.
     pub async fn shutdown(self) {
         let deadline = self.core.config.shutdown_timeout;
         self.stop_http.cancel();
@@ -92,6 +97,10 @@ impl Running {
         }
         if let Some(engine) = self.engine {
             engine.shutdown(deadline).await;
+        }
+        // Last: every publish and settlement is in the outbox by now.
+        if let Some(shipper) = self.shipper {
+            shipper.shutdown(deadline).await;
         }
         self.core.close().await;
     }

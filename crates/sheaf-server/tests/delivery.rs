@@ -78,7 +78,17 @@ pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize
         "the receiver failed some deliveries"
     );
     let sample = *failed_first.iter().next().unwrap();
-    let attempts = client.attempts_of(tenant, sample).await;
+    // With an outbox the log store receives attempts behind the deliveries (within about one
+    // SHEAF_LOG_SHIP_INTERVAL): wait, boundedly, for the successful one to be searchable.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let attempts = loop {
+        let attempts = client.attempts_of(tenant, sample).await;
+        let settled = attempts.first().is_some_and(|a| a["status"] == "success");
+        if settled || std::time::Instant::now() > deadline {
+            break attempts;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         attempts.len() >= 2,
         "failures and the success are listed: {attempts:?}"

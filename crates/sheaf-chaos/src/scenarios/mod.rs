@@ -15,7 +15,7 @@ use sheaf_testenv::receiver::Receiver;
 
 use crate::api::{Api, Published, metric};
 use crate::env::Ctx;
-use crate::report::Report;
+use crate::report::{Report, secs};
 
 /// Every scenario, in the order `all` runs them (the same list as xtask's).
 pub const NAMES: &[&str] = &["kill", "postgres", "clickhouse", "shutdown", "cdc"];
@@ -148,7 +148,35 @@ async fn settle(
     );
     let dead = dead_letters(ctx, schema).await?;
     report.check(dead == 0, format!("{dead} jobs were dead-lettered"));
+    // The log shipper moves events and attempts on to ClickHouse behind the deliveries.
+    let started = Instant::now();
+    let mut waiting = outbox_rows(ctx, schema).await?;
+    while waiting > 0 && started.elapsed() < OUTBOX_DRAIN {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waiting = outbox_rows(ctx, schema).await?;
+    }
+    report.note(
+        "outbox drained",
+        format!("{waiting} rows left after {}", secs(started.elapsed())),
+    );
+    report.check(
+        waiting == 0,
+        format!("{waiting} events and attempts still wait in the outbox after {OUTBOX_DRAIN:?}"),
+    );
     Ok(())
+}
+
+/// How long the outbox may take to drain once the load is over and the log store answers.
+const OUTBOX_DRAIN: Duration = Duration::from_secs(60);
+
+/// Events and attempts in the outbox, not yet shipped to the log store.
+async fn outbox_rows(ctx: &Ctx, schema: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar::<_, i64>(&format!(
+        "SELECT (SELECT count(*) FROM {schema}.outbox_events)
+              + (SELECT count(*) FROM {schema}.outbox_attempts)"
+    ))
+    .fetch_one(&ctx.pg)
+    .await?)
 }
 
 /// Checks that every accepted event is in the log store, read back through the API.

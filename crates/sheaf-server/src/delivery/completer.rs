@@ -1,13 +1,23 @@
 //! The completer: gathers job outcomes from every worker and writes each kind as one statement
 //! per flush (one commit per job is bound by WAL writes; batched outcomes are not).
+//!
+//! With an outbox, a flush is one `Outbox::settle`: the attempts and every outcome in one
+//! transaction, so an attempt is recorded no later than its job's outcome. A failed settlement
+//! is tried again until it commits (the workers wait on the bounded channel meanwhile, so
+//! nothing piles up): giving up would drop attempt records, which the outbox exists to prevent.
+//! Leases that run out meanwhile are lost to the next claimer, which delivers again; that is
+//! the at-least-once rule, and the late settlement still records the attempt that was made.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use super::Outcome;
+use super::{Outcome, Turn};
+use sheaf_store::{Outbox, Settlement};
+
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::metrics::Metrics;
@@ -19,7 +29,14 @@ const OUTCOME_TRIES: u32 = 4;
 /// The wait after a queue statement's first failure, doubling for each later one.
 const OUTCOME_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
 
-pub(super) async fn run(core: Arc<Core>, mut outcomes: mpsc::Receiver<Outcome>) {
+/// The wait between tries of a failed settlement, doubling up to five seconds.
+const SETTLE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+
+pub(super) async fn run(
+    core: Arc<Core>,
+    mut outcomes: mpsc::Receiver<Turn>,
+    give_up: CancellationToken,
+) {
     let interval = core.config.completer_flush_interval;
     let max = core.config.completer_max_batch;
     while let Some(first) = outcomes.recv().await {
@@ -31,22 +48,32 @@ pub(super) async fn run(core: Arc<Core>, mut outcomes: mpsc::Receiver<Outcome>) 
                 Ok(None) | Err(_) => break,
             }
         }
-        flush(&core, batch).await;
+        flush(&core, batch, &give_up).await;
     }
 }
 
-/// Writes one batch of outcomes: one statement per kind present.
-async fn flush(core: &Core, batch: Vec<Outcome>) {
-    let mut complete = Vec::new();
-    let mut reschedule = Vec::new();
-    let mut dead = Vec::new();
-    for outcome in batch {
-        match outcome {
-            Outcome::Complete(lease) => complete.push(lease),
-            Outcome::Reschedule(r) => reschedule.push(r),
-            Outcome::DeadLetter(d) => dead.push(d),
+/// Writes one batch of outcomes: one settlement with an outbox, else one statement per kind
+/// present.
+async fn flush(core: &Core, batch: Vec<Turn>, give_up: &CancellationToken) {
+    let mut settlement = Settlement::default();
+    for turn in batch {
+        settlement.attempts.extend(turn.attempt);
+        match turn.outcome {
+            Outcome::Complete(lease) => settlement.complete.push(lease),
+            Outcome::Reschedule(r) => settlement.reschedule.push(r),
+            Outcome::DeadLetter(d) => settlement.dead_letter.push(d),
         }
     }
+    if let Some(outbox) = &core.stores.outbox {
+        settle(core, outbox.as_ref(), &settlement, give_up).await;
+        return;
+    }
+    let Settlement {
+        complete,
+        reschedule,
+        dead_letter: dead,
+        ..
+    } = settlement;
     let queue = &core.stores.queue;
     if !complete.is_empty() {
         let n = complete.len();
@@ -61,6 +88,49 @@ async fn flush(core: &Core, batch: Vec<Outcome>) {
     if !dead.is_empty() {
         let n = dead.len();
         with_retries(core, "dead-letter", n, || queue.dead_letter(&dead)).await;
+    }
+}
+
+/// Commits a settlement, trying until it does (see the module docs) or until a shutdown that
+/// cannot wait any longer gives up on it.
+async fn settle(
+    core: &Core,
+    outbox: &dyn Outbox,
+    settlement: &Settlement,
+    give_up: &CancellationToken,
+) {
+    let outcomes =
+        settlement.complete.len() + settlement.reschedule.len() + settlement.dead_letter.len();
+    let mut backoff = SETTLE_BACKOFF;
+    loop {
+        match outbox.settle(settlement).await {
+            Ok(lost) => {
+                Metrics::inc(&core.metrics.completer_statements);
+                Metrics::add(&core.metrics.completer_outcomes, outcomes);
+                if !lost.is_empty() {
+                    Metrics::add(&core.metrics.leases_lost, lost.len());
+                    tracing::debug!(lost = lost.len(), "settle: leases lost to another claimer");
+                }
+                if !settlement.reschedule.is_empty() {
+                    // A short reschedule (not ready) may be due before the dispatcher's next poll.
+                    core.wake.notify_one();
+                }
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, attempts = settlement.attempts.len(), outcomes,
+                    "settling attempts and outcomes failed; trying again");
+                tokio::select! {
+                    () = give_up.cancelled() => {
+                        tracing::error!(attempts = settlement.attempts.len(), outcomes,
+                            "shutting down with a settlement that could not commit: its jobs \
+                             come back when their leases end, its attempts are not recorded");
+                        return;
+                    }
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
     }
 }
 

@@ -15,16 +15,19 @@
 //!   its lease first when more than half of it is spent, resolves what to send — a first
 //!   delivery's payload from the fresh-event cache or the coalesced event read; a retry's
 //!   through the coalesced latest-attempt lookup — delivers ([`webhook`], behind the
-//!   destination [`guard`]), writes the attempt through the log write coalescer, and hands the
-//!   job's outcome to the completer.
+//!   destination [`guard`]), and hands the job's outcome to the completer: with an outbox, the
+//!   attempt travels with it; without one, the worker first writes it through the log write
+//!   coalescer.
 //! - The **completer** ([`completer`]) gathers outcomes from every worker for
 //!   `SHEAF_COMPLETER_FLUSH_INTERVAL` or `SHEAF_COMPLETER_MAX_BATCH` outcomes and writes each
 //!   kind as one statement: one commit per job is bound by WAL writes, and batched completions
-//!   beat it several times over (docs/benchmarks.md, `queue`).
+//!   beat it several times over (docs/benchmarks.md, `queue`). With an outbox the whole flush,
+//!   attempts included, is one transaction (`Outbox::settle`).
 //!
 //! Shutdown: stop claiming; let workers finish what they hold until `SHEAF_SHUTDOWN_TIMEOUT`,
 //! then abandon it (its lease runs out and another claim picks it up); release the claims
-//! still in the channel, unstarted; flush the completer.
+//! still in the channel, unstarted; flush the completer, for at most `SHEAF_SHUTDOWN_TIMEOUT`
+//! again.
 
 mod completer;
 mod dispatcher;
@@ -35,7 +38,7 @@ mod worker;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sheaf_store::{ClaimedJob, DeadLetterRequest, Lease, Reschedule};
+use sheaf_store::{Attempt, ClaimedJob, DeadLetterRequest, Lease, Reschedule};
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -62,6 +65,23 @@ enum Outcome {
     DeadLetter(DeadLetterRequest),
 }
 
+/// A job's turn as the completer receives it: the outcome, and the attempt made when an
+/// outbox commits the two together.
+#[derive(Debug)]
+struct Turn {
+    outcome: Outcome,
+    attempt: Option<Attempt>,
+}
+
+impl From<Outcome> for Turn {
+    fn from(outcome: Outcome) -> Self {
+        Turn {
+            outcome,
+            attempt: None,
+        }
+    }
+}
+
 /// The running engine.
 #[derive(Debug)]
 pub struct Engine {
@@ -71,7 +91,7 @@ pub struct Engine {
     dispatcher: JoinHandle<()>,
     workers: TaskTracker,
     completer: JoinHandle<()>,
-    completer_tx: mpsc::Sender<Outcome>,
+    completer_tx: mpsc::Sender<Turn>,
     jobs_rx: Arc<Mutex<mpsc::Receiver<Dispatched>>>,
 }
 
@@ -88,9 +108,13 @@ impl Engine {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Dispatched>(workers_count);
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let (completer_tx, completer_rx) =
-            mpsc::channel::<Outcome>(core.config.completer_max_batch.saturating_mul(4).max(64));
+            mpsc::channel::<Turn>(core.config.completer_max_batch.saturating_mul(4).max(64));
 
-        let completer = tokio::spawn(completer::run(Arc::clone(&core), completer_rx));
+        let completer = tokio::spawn(completer::run(
+            Arc::clone(&core),
+            completer_rx,
+            abort.clone(),
+        ));
         let dispatcher = tokio::spawn(dispatcher::run(Arc::clone(&core), jobs_tx, stop.clone()));
         let workers = TaskTracker::new();
         for _ in 0..workers_count {
@@ -147,6 +171,14 @@ impl Engine {
             }
         }
         drop(self.completer_tx);
-        let _ = self.completer.await;
+        // A settlement that cannot commit (its database is down) is tried until this bound.
+        let mut completer = self.completer;
+        if tokio::time::timeout(deadline, &mut completer)
+            .await
+            .is_err()
+        {
+            self.abort.cancel();
+            let _ = completer.await;
+        }
     }
 }

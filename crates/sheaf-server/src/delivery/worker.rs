@@ -1,7 +1,8 @@
 //! A worker's turn with one job: renew a lease more than half spent, resolve what to send (a
 //! first delivery's payload from the fresh-event cache or the coalesced event read, a retry's
-//! through the coalesced latest-attempt lookup), deliver, write the attempt, and hand the job's
-//! outcome to the completer.
+//! through the coalesced latest-attempt lookup), deliver, and hand the job's outcome to the
+//! completer. The attempt goes with the outcome when an outbox records both in one commit;
+//! without one, the worker writes it to the log store first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::webhook::{Delivered, Sender};
-use super::{Dispatched, Outcome};
+use super::{Dispatched, Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::jobs::is_manual_job;
@@ -33,7 +34,7 @@ pub(super) async fn run(
     core: Arc<Core>,
     sender: Sender,
     jobs: Arc<Mutex<mpsc::Receiver<Dispatched>>>,
-    outcomes: mpsc::Sender<Outcome>,
+    outcomes: mpsc::Sender<Turn>,
     stop: CancellationToken,
     abort: CancellationToken,
 ) {
@@ -148,8 +149,9 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
     }
 }
 
-/// One job's turn: returns its outcome for the completer (`None` when the lease is lost).
-async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<Outcome> {
+/// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
+/// the attempt when an outbox records it together with the outcome.
+async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<Turn> {
     let mut claimed = dispatched.claimed;
     let lease = core.config.queue_lease;
     if dispatched.claimed_at.elapsed() > lease / 2 {
@@ -174,22 +176,25 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
         Ok(entry) => entry,
         Err(err) => {
             tracing::warn!(error = %err, "could not read the destination; trying again shortly");
-            return Some(not_ready(core, &claimed));
+            return Some(not_ready(core, &claimed).into());
         }
     };
     let destination = match (&entry.tenant, entry.destination(&job.destination_id)) {
         (Some(_), Some(destination)) => destination.clone(),
         _ => {
             core.metrics.delivery(DeliveryOutcome::Dropped);
-            return Some(Outcome::Complete(claimed.lease));
+            return Some(Outcome::Complete(claimed.lease).into());
         }
     };
     if !destination.enabled {
         core.metrics.delivery(DeliveryOutcome::Dropped);
-        return Some(Outcome::DeadLetter(DeadLetterRequest {
-            lease: claimed.lease,
-            reason: "the destination is disabled".to_owned(),
-        }));
+        return Some(
+            Outcome::DeadLetter(DeadLetterRequest {
+                lease: claimed.lease,
+                reason: "the destination is disabled".to_owned(),
+            })
+            .into(),
+        );
     }
     let manual = is_manual_job(&job.id) && job.last_attempt_time.is_none();
     let first = job.last_attempt_time.is_none() && (job.attempt_number == 1 || manual);
@@ -200,7 +205,7 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
     };
     let (topic, data) = match resolved {
         Resolved::Deliver { topic, data } => (topic, data),
-        Resolved::Done(outcome) => return Some(outcome),
+        Resolved::Done(outcome) => return Some(outcome.into()),
     };
 
     let body = serde_json::to_vec(data.value()).unwrap_or_else(|_| b"null".to_vec());
@@ -234,12 +239,22 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
         event_topic: topic,
         event_data: data,
     };
+    if core.stores.outbox.is_some() {
+        // Committed together with the outcome, by the completer: never dropped.
+        let outcome = outcome_of(core, &claimed, &delivered, now, true);
+        return Some(Turn {
+            outcome,
+            attempt: Some(attempt),
+        });
+    }
     let logged = write_attempt(core, attempt).await;
-    Some(outcome_of(core, &claimed, &delivered, now, logged))
+    Some(outcome_of(core, &claimed, &delivered, now, logged).into())
 }
 
-/// Writes the attempt before the job's outcome is reported: a retry's lookup must find it,
-/// and a completed job must leave its attempt behind (publish's repeat check relies on it).
+/// Without an outbox: writes the attempt before the job's outcome is reported. A retry's lookup
+/// must find it, and a completed job must leave its attempt behind (publish's repeat check
+/// relies on it). After three failed tries the attempt is not logged; the outbox exists so that
+/// this never happens where it matters.
 async fn write_attempt(core: &Core, attempt: Attempt) -> bool {
     let mut backoff = ATTEMPT_WRITE_BACKOFF;
     for try_number in 1..=ATTEMPT_WRITE_TRIES {

@@ -21,16 +21,26 @@
 //! [`publish_events`] runs the same steps for many events of one tenant at once, with one log
 //! write and one enqueue: it is the CDC source's path. Ids starting with [`CDC_ID_PREFIX`] are
 //! the CDC source's and refused from publishers.
+//!
+//! # With an outbox (the Postgres queue)
+//!
+//! Steps 3 to 5 become one: every new event goes, with its jobs, to the group commit
+//! (`state::intake`), which accepts it in the outbox in the same statement as the publishes
+//! around it. The outbox decides idempotency by the event's key in that statement, so a repeated
+//! id is known without reading the log store, its jobs are never enqueued twice, and there is no
+//! gap between "recorded" and "enqueued" for a repeat to repair. The answer is 202 once that
+//! statement committed; the log store receives the event afterwards, from the log shipper.
 
 use std::sync::Arc;
 
 use sheaf_store::{
-    AttemptKey, Destination, Event, EventId, EventKey, Job, Payload, TenantId, Timestamp,
+    AttemptKey, Destination, Event, EventId, EventKey, Intake, Job, Payload, TenantId, Timestamp,
     validate_topic,
 };
 
 pub use crate::ingest::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
 use crate::state::Core;
+use crate::state::intake::{IntakeCommit, IntakeRecord};
 use crate::state::jobs::delivery_job_id;
 use crate::state::log_access::LogRecord;
 use crate::state::metrics::Metrics;
@@ -137,6 +147,9 @@ pub async fn publish_events(
     let entry = core.entities.get(tenant_id).await?;
     if entry.tenant.is_none() {
         return Err(PublishError::UnknownTenant(tenant_id.as_str().to_owned()));
+    }
+    if let Some(intake) = &core.intake {
+        return publish_durably(core, intake, tenant_id, &entry.destinations, events).await;
     }
     let key_of = |id: &EventId| EventKey {
         tenant_id: tenant_id.clone(),
@@ -249,6 +262,83 @@ pub async fn publish_events(
             });
         }
     }
+    Ok(results.into_iter().flatten().collect())
+}
+
+/// [`publish_events`] through the outbox's group commit: see the module docs.
+async fn publish_durably(
+    core: &Arc<Core>,
+    intake: &IntakeCommit,
+    tenant_id: &TenantId,
+    destinations: &[Destination],
+    events: Vec<NewEvent>,
+) -> Result<Vec<Published>, PublishError> {
+    let now = Timestamp::now();
+    let mut results: Vec<Option<Published>> = vec![None; events.len()];
+    let mut seen = std::collections::HashSet::with_capacity(events.len());
+    let mut records = Vec::with_capacity(events.len());
+    let mut pending = Vec::with_capacity(events.len());
+    for (i, new) in events.into_iter().enumerate() {
+        let event = Event {
+            tenant_id: tenant_id.clone(),
+            id: new.id,
+            topic: new.topic,
+            time: now,
+            data: new.data,
+        };
+        // Repeated within the call, or accepted recently by this process: known already.
+        if !seen.insert(event.id.clone()) || core.accepted.contains_key(&event.key()) {
+            results[i] = Some(Published {
+                id: event.id,
+                repeat: true,
+                jobs: 0,
+            });
+            continue;
+        }
+        let jobs: Vec<Job> = destinations
+            .iter()
+            .filter(|d| matches(d, &event))
+            .map(|d| job_for(&event, d, now))
+            .collect();
+        let job_count = jobs.len();
+        let (record, slot) = IntakeRecord::new(Intake {
+            event: event.clone(),
+            jobs,
+        });
+        records.push(record);
+        pending.push((i, event, slot, job_count));
+    }
+    if !records.is_empty() {
+        intake
+            .hand_off(records)
+            .await
+            .map_err(|e| PublishError::Unavailable(format!("could not record the event: {e}")))?;
+        let (mut published, mut enqueued) = (0, 0);
+        for (i, event, slot, jobs) in pending {
+            let new = slot.load(std::sync::atomic::Ordering::Acquire);
+            let key = event.key();
+            core.accepted.insert(key.clone(), ()).await;
+            if new {
+                // Only once committed, and only a new event: a repeat's payload may differ from
+                // the one its pending delivery must send.
+                core.fresh.insert(key, event.clone()).await;
+                published += 1;
+                enqueued += jobs;
+            }
+            results[i] = Some(Published {
+                id: event.id,
+                repeat: !new,
+                jobs: if new { jobs } else { 0 },
+            });
+        }
+        if enqueued > 0 {
+            core.wake.notify_one();
+        }
+        Metrics::add(&core.metrics.events_published, published);
+        Metrics::add(&core.metrics.jobs_enqueued, enqueued);
+    }
+    let repeats = results.iter().flatten().filter(|p| p.repeat).count();
+    Metrics::add(&core.metrics.publish_repeats, repeats);
     Ok(results.into_iter().flatten().collect())
 }
 

@@ -151,6 +151,10 @@ pub struct Config {
     pub completer_max_batch: usize,
     /// `SHEAF_LOG_WRITE_*`.
     pub log_write: WriteConfig,
+    /// `SHEAF_LOG_SHIP_INTERVAL`.
+    pub log_ship_interval: Duration,
+    /// `SHEAF_IDEMPOTENCY_WINDOW`.
+    pub idempotency_window: Duration,
     /// `SHEAF_MAX_BODY_BYTES`.
     pub max_body_bytes: usize,
     /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
@@ -244,6 +248,8 @@ impl Config {
                 max_wait: values.millis(&s::LOG_WRITE_MAX_WAIT_MS)?,
                 ..WriteConfig::default()
             },
+            log_ship_interval: values.duration(&s::LOG_SHIP_INTERVAL)?,
+            idempotency_window: values.duration(&s::IDEMPOTENCY_WINDOW)?,
             max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
             allow_private_destinations: values.bool(&s::ALLOW_PRIVATE_DESTINATIONS)?,
             secret_rotation_grace: values.duration(&s::SECRET_ROTATION_GRACE)?,

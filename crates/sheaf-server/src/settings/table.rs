@@ -438,6 +438,31 @@ pub const LOG_WRITE_MAX_WAIT_MS: Setting = setting(
     },
     "How long an under-filled log write waits for more records once nothing else is queued; 0 writes at once.",
 );
+// Once per second per process keeps ClickHouse at about one insert per table per second
+// whatever the publish rate (docs/benchmarks.md, `parts`), and bounds how long a published
+// event waits to become searchable; a shipper that is behind does not wait at all.
+/// `SHEAF_LOG_SHIP_INTERVAL`.
+pub const LOG_SHIP_INTERVAL: Setting = setting(
+    "SHEAF_LOG_SHIP_INTERVAL",
+    Some("1s"),
+    Kind::Duration {
+        min: Duration::from_millis(1),
+        max: MINUTE,
+    },
+    "With SHEAF_QUEUE=postgres and a log store elsewhere: how often the log shipper moves events and attempts from the Postgres outbox to the log store when it is not behind.",
+);
+// A day covers any client's retry of a publish by a wide margin; each remembered key costs
+// about 100 bytes of Postgres, so a million events a day keep some 100 MB.
+/// `SHEAF_IDEMPOTENCY_WINDOW`.
+pub const IDEMPOTENCY_WINDOW: Setting = setting(
+    "SHEAF_IDEMPOTENCY_WINDOW",
+    Some("24h"),
+    Kind::Duration {
+        min: MINUTE,
+        max: Duration::from_secs(90 * 24 * 3600),
+    },
+    "With SHEAF_QUEUE=postgres and a log store elsewhere: how long an accepted event id is remembered, so publishing it again delivers nothing. With the Postgres log store, ids are remembered as long as the log keeps the event.",
+);
 // Webhook payloads are small JSON documents; 1 MiB is generous and bounds a request's memory.
 /// `SHEAF_MAX_BODY_BYTES`.
 pub const MAX_BODY_BYTES: Setting = setting(
@@ -643,6 +668,8 @@ pub const SETTINGS: &[Setting] = &[
     LOG_WRITE_MAX_RECORDS,
     LOG_WRITE_MAX_BYTES,
     LOG_WRITE_MAX_WAIT_MS,
+    LOG_SHIP_INTERVAL,
+    IDEMPOTENCY_WINDOW,
     MAX_BODY_BYTES,
     ALLOW_PRIVATE_DESTINATIONS,
     SECRETS_KEY,

@@ -2,9 +2,10 @@
 //!
 //! - [`LogWriter`]: the `BatchWriter` behind the write coalescer. Publishes hand off events
 //!   and workers hand off attempts; each write is one `LogStore::insert_many`.
-//! - [`EventLookup`]: the `BatchLookup` over `LogStore::get_events`, for first deliveries whose
-//!   payload is not in the fresh-event cache and for publishes checking a known id. Even a
-//!   batch of one goes through `get_events`: no path reads the log one event at a time.
+//! - [`EventLookup`]: the `BatchLookup` over `get_events` (the outbox's while an event waits
+//!   there, then the log store's), for first deliveries whose payload is not in the fresh-event
+//!   cache and, without an outbox, for publishes checking a known id. Even a batch of one goes
+//!   through `get_events`: no path reads the log one event at a time.
 //! - [`RetryLookup`]: the `BatchLookup` over `LogStore::latest_attempts` for retries that come
 //!   due, split so no query spans more than 15 minutes of attempt times.
 
@@ -15,8 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use sheaf_coalesce::{BatchLookup, BatchWriter, LookupCoalescer, SpanSplit, WriteCoalescer};
 use sheaf_store::{
-    Attempt, AttemptKey, DestinationId, Event, EventId, EventKey, LogStore, Payload, TenantId,
-    Timestamp,
+    Attempt, AttemptKey, DestinationId, Event, EventId, EventKey, LogStore, Outbox, Payload,
+    TenantId, Timestamp,
 };
 
 /// One record for the log store.
@@ -87,9 +88,15 @@ impl BatchWriter for LogWriter {
 /// The write coalescer in front of the log store.
 pub type LogCoalescer = WriteCoalescer<LogWriter>;
 
-/// Reads events by key through `get_events`.
+/// Reads events by key: from the outbox while they wait there, else from the log store, each
+/// through one `get_events` per batch.
 #[derive(Debug, Clone)]
-pub struct EventLookup(pub Arc<dyn LogStore>);
+pub struct EventLookup {
+    /// The outbox, when it is not the log store itself.
+    pub outbox: Option<Arc<dyn Outbox>>,
+    /// The log store.
+    pub log: Arc<dyn LogStore>,
+}
 
 impl BatchLookup for EventLookup {
     type Key = EventKey;
@@ -97,7 +104,7 @@ impl BatchLookup for EventLookup {
     type Error = sheaf_store::Error;
 
     async fn lookup_one(&self, key: EventKey) -> Result<Option<Event>, sheaf_store::Error> {
-        let mut found = self.0.get_events(std::slice::from_ref(&key)).await?;
+        let mut found = self.lookup_many(vec![key.clone()]).await?;
         Ok(found.remove(&key))
     }
 
@@ -105,7 +112,18 @@ impl BatchLookup for EventLookup {
         &self,
         keys: Vec<EventKey>,
     ) -> Result<HashMap<EventKey, Event>, sheaf_store::Error> {
-        self.0.get_events(&keys).await
+        let Some(outbox) = &self.outbox else {
+            return self.log.get_events(&keys).await;
+        };
+        let mut found = outbox.get_events(&keys).await?;
+        let shipped: Vec<EventKey> = keys
+            .into_iter()
+            .filter(|k| !found.contains_key(k))
+            .collect();
+        if !shipped.is_empty() {
+            found.extend(self.log.get_events(&shipped).await?);
+        }
+        Ok(found)
     }
 }
 

@@ -2,6 +2,7 @@
 //! built once at start ([`Core`]).
 //!
 //! - [`stores`]: which backends run (memory by default; Postgres, ClickHouse by configuration).
+//! - [`intake`]: the group commit of publishes into the outbox (with the Postgres queue).
 //! - [`log_access`]: every path to the log store, coalesced: the write coalescer, the event
 //!   reads and the retries' latest-attempt lookups.
 //! - [`entities`]: tenants and destinations, cached per tenant.
@@ -12,6 +13,7 @@
 
 pub mod backoff;
 pub mod entities;
+pub mod intake;
 pub mod jobs;
 pub mod log_access;
 pub mod metrics;

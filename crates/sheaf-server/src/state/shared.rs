@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use crate::settings::Config;
 use crate::state::entities::EntityCache;
+use crate::state::intake::{IntakeCommit, IntakeWriter, intake_config};
 use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
 };
@@ -34,8 +35,10 @@ pub struct Core {
     pub stores: Stores,
     /// Tenants and destinations, cached.
     pub entities: EntityCache,
-    /// Every log write goes through it.
+    /// Every log write goes through it (with an outbox, only the log shipper's).
     pub log_writer: LogCoalescer,
+    /// With an outbox: the group commit every publish goes through.
+    pub intake: Option<IntakeCommit>,
     /// Event reads by key (`get_events`), coalesced.
     pub events: EventCoalescer,
     /// Retries' latest-attempt lookups (`latest_attempts`), coalesced and split at 15 minutes.
@@ -64,15 +67,32 @@ impl Core {
         let retry_metrics = Arc::new(CoalesceMetrics::new());
         let event_metrics = Arc::new(CoalesceMetrics::new());
         let write_metrics = Arc::new(CoalesceMetrics::new());
+        let intake_metrics = Arc::new(CoalesceMetrics::new());
+        let intake = match &stores.outbox {
+            Some(outbox) => Some(WriteCoalescer::with_observer(
+                IntakeWriter(Arc::clone(outbox)),
+                intake_config(),
+                intake_metrics.clone(),
+            )?),
+            None => None,
+        };
+        // Payloads are read from the outbox first while they wait there; when the log tables
+        // are the outbox, the log store read is that read.
+        let waiting = stores.outbox.clone().filter(|o| !o.is_log());
         let log_writer = WriteCoalescer::with_observer(
             LogWriter(Arc::clone(&stores.log)),
             config.log_write,
             write_metrics.clone(),
         )?;
-        let events =
-            LookupCoalescer::builder(EventLookup(Arc::clone(&stores.log)), config.event_lookup)
-                .observer(event_metrics.clone())
-                .build()?;
+        let events = LookupCoalescer::builder(
+            EventLookup {
+                outbox: waiting,
+                log: Arc::clone(&stores.log),
+            },
+            config.event_lookup,
+        )
+        .observer(event_metrics.clone())
+        .build()?;
         let retries =
             LookupCoalescer::builder(RetryLookup(Arc::clone(&stores.log)), config.retry_lookup)
                 .split(retry_split())
@@ -95,11 +115,13 @@ impl Core {
                 retry_lookup: retry_metrics,
                 event_lookup: event_metrics,
                 log_write: write_metrics,
+                publish_commit: intake_metrics,
             },
             config: Arc::new(config),
             stores,
             entities,
             log_writer,
+            intake,
             events,
             retries,
             fresh,
@@ -111,6 +133,9 @@ impl Core {
 
     /// Flushes and stops the coalescers (after the engine and the HTTP server stopped).
     pub async fn close(&self) {
+        if let Some(intake) = &self.intake {
+            intake.close().await;
+        }
         self.log_writer.close().await;
         self.events.close().await;
         self.retries.close().await;

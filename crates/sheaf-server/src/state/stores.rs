@@ -3,14 +3,20 @@
 //! The memory backends are the embedded default. Tenants and destinations follow the shared
 //! stores: they live in Postgres whenever the queue or the log store does, because several
 //! processes sharing a queue must see the same destinations.
+//!
+//! With the Postgres queue, publishes and attempts become durable in a Postgres outbox beside
+//! it: the log tables themselves when the log store is Postgres too, outbox tables shipped to
+//! the log store when it is ClickHouse. With the memory queue there is no outbox; the log store
+//! is the record, as it is for the memory backends.
 
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
-use sheaf_store::{EntityStore, JobQueue, LogStore};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
 
 use crate::settings::{Config, LogStoreKind, QueueKind};
+use sheaf_postgres::OutboxLayout;
 
 /// Whether connecting creates or upgrades the database schemas first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +36,8 @@ pub struct Stores {
     pub queue: Arc<dyn JobQueue>,
     /// Tenants and destinations.
     pub entities: Arc<dyn EntityStore>,
+    /// Where publishes and attempts become durable, when the queue is in Postgres.
+    pub outbox: Option<Arc<dyn Outbox>>,
 }
 
 impl Stores {
@@ -39,6 +47,7 @@ impl Stores {
             log: Arc::new(MemoryLogStore::default()),
             queue: Arc::new(MemoryJobQueue::default()),
             entities: Arc::new(MemoryEntityStore::new()),
+            outbox: None,
         }
     }
 
@@ -73,12 +82,17 @@ impl Stores {
                     .await?
             }
         };
-        let queue: Arc<dyn JobQueue> = match config.queue {
-            QueueKind::Memory => memory.queue,
-            QueueKind::Postgres => postgres
-                .as_ref()
-                .map(|pg| Arc::clone(&pg.queue))
-                .context("postgres is not connected")?,
+        let (queue, outbox): (Arc<dyn JobQueue>, _) = match config.queue {
+            QueueKind::Memory => (memory.queue, None),
+            QueueKind::Postgres => {
+                let pg = postgres.as_ref().context("postgres is not connected")?;
+                let layout = if config.log_store == LogStoreKind::Postgres {
+                    OutboxLayout::InTheLog
+                } else {
+                    OutboxLayout::Shipped
+                };
+                (Arc::clone(&pg.queue), Some(pg.stores.outbox(layout)))
+            }
         };
         let entities = match &postgres {
             Some(pg) => Arc::clone(&pg.entities),
@@ -88,6 +102,7 @@ impl Stores {
             log,
             queue,
             entities,
+            outbox,
         })
     }
 }
@@ -101,6 +116,7 @@ mod postgres {
         pub log: Arc<dyn LogStore>,
         pub queue: Arc<dyn JobQueue>,
         pub entities: Arc<dyn EntityStore>,
+        pub stores: Stores,
     }
 
     pub(super) async fn connect(
@@ -123,6 +139,7 @@ mod postgres {
             log: stores.log_store(),
             queue: stores.job_queue(),
             entities: stores.entity_store(),
+            stores,
         })
     }
 }

@@ -36,6 +36,17 @@ async fn bounded(
         })
 }
 
+/// A store that did not answer its ping makes the process not ready.
+fn check(what: &str, result: sheaf_store::Result<()>) -> Result<(), ApiError> {
+    result.map_err(|err| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!("the {what} is not reachable: {err}"),
+        )
+    })
+}
+
 pub(crate) async fn readyz(State(core): State<AppState>) -> ApiResult {
     let stores = &core.stores;
     // A store that is down may make a ping wait for its pool's acquire timeout; a probe must
@@ -46,40 +57,47 @@ pub(crate) async fn readyz(State(core): State<AppState>) -> ApiResult {
         bounded(stores.queue.ping()),
         bounded(stores.entities.ping()),
     );
-    let checks = [
-        ("log store", log),
-        ("queue", queue),
-        ("entity store", entities),
-    ];
-    for (what, result) in checks {
-        if let Err(err) = result {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not_ready",
-                format!("the {what} is not reachable: {err}"),
-            ));
+    // With a shipped outbox, publishes and deliveries do not need the log store: its outage is
+    // reported (searches fail, the outbox grows), not a reason to take the process out.
+    let shipped = stores.outbox.as_ref().is_some_and(|o| !o.is_log());
+    let log_down = match log {
+        Err(err) if shipped => Some(err.to_string()),
+        log => {
+            check("log store", log)?;
+            None
         }
-    }
+    };
+    check("queue", queue)?;
+    check("entity store", entities)?;
     // The CDC source's state is reported, not required: the API and deliveries work while the
     // application's database is away, and the source catches up from its slot when it is back.
     let cdc = &core.metrics.cdc;
-    let body = match cdc.state() {
-        CdcState::Disabled => json!({ "status": "ready" }),
-        state => json!({
-            "status": "ready",
-            "cdc": {
-                "state": state.as_str(),
-                "confirmed_lsn": sheaf_cdc::Lsn(cdc.confirmed_lsn.load(std::sync::atomic::Ordering::Relaxed)).to_string(),
-                "last_error": cdc.last_error(),
-            },
-        }),
-    };
+    let mut body = json!({ "status": "ready" });
+    let state = cdc.state();
+    if state != CdcState::Disabled {
+        body["cdc"] = json!({
+            "state": state.as_str(),
+            "confirmed_lsn": sheaf_cdc::Lsn(cdc.confirmed_lsn.load(std::sync::atomic::Ordering::Relaxed)).to_string(),
+            "last_error": cdc.last_error(),
+        });
+    }
+    if let Some(error) = log_down {
+        body["log_store"] = json!({
+            "reachable": false,
+            "error": error,
+            "note": "publishes and deliveries continue; events and attempts wait in the outbox",
+        });
+    }
     Ok(Json(body).into_response())
 }
 
 pub(crate) async fn metrics(State(core): State<AppState>) -> Response {
     let depth = core.stores.queue.depth().await.ok();
-    let body = crate::state::metrics::render(&core.metric_sources, depth);
+    let backlog = match &core.stores.outbox {
+        Some(outbox) if !outbox.is_log() => outbox.backlog().await.ok(),
+        _ => None,
+    };
+    let body = crate::state::metrics::render(&core.metric_sources, depth, backlog);
     let mut response = body.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
