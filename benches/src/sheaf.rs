@@ -135,8 +135,11 @@ impl Publisher {
     /// Publishes `{"seq": seq, "pad": pad}` with topic `bench.event`; `Ok(false)` when the service
     /// refused it (not 202).
     pub async fn publish(&self, seq: u64, pad: &str) -> anyhow::Result<bool> {
+        // A publisher-chosen id, as clients that retry publishes send: the path that checks
+        // idempotency.
         let body = serde_json::json!({
             "tenant_id": self.tenant,
+            "id": format!("bench-{seq}"),
             "topic": "bench.event",
             "data": { "seq": seq, "pad": pad },
         });

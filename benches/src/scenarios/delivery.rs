@@ -27,6 +27,8 @@ use crate::progress::Progress;
 use crate::report::{self, PeakRss, Report, Table};
 use crate::sheaf::Sheaf;
 
+use super::delivery_queue::{QueueOverTime, Sampler};
+
 const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
     to a 2xx at a local receiver, with what latency and memory, on the memory backends and on \
     Postgres + ClickHouse?";
@@ -58,6 +60,11 @@ struct Sizes {
     publishers: usize,
     steady_rate: f64,
     steady_seconds: f64,
+    /// Postgres + ClickHouse's steady phase: long enough for the queue's dead tuples, vacuum
+    /// and the claim's plan to show what they do over minutes.
+    long_steady_seconds: f64,
+    /// How often the queue is sampled during a steady phase.
+    sample_every_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -88,6 +95,8 @@ struct Measured {
     /// Memory backend: (RSS growth ÷ events) − payload JSON bytes.
     overhead_per_event_bytes: Option<f64>,
     peak_rss_mib: f64,
+    /// Postgres backends: the queue over the steady phase.
+    queue: Option<QueueOverTime>,
 }
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
@@ -97,6 +106,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         publishers: 32,
         steady_rate: ctx.size(2_000.0, 100.0),
         steady_seconds: ctx.size(30.0, 2.0),
+        long_steady_seconds: ctx.size(300.0, 3.0),
+        sample_every_s: ctx.size(5.0, 0.5),
     };
     let bin = ctx.sheaf_bin()?.to_path_buf();
     let mut measured = Vec::new();
@@ -153,9 +164,13 @@ async fn run_backend(
     let payload_bytes =
         serde_json::to_vec(&serde_json::json!({ "seq": 12345, "pad": *pad }))?.len();
 
-    let total = sizes.warmup
-        + sizes.saturation_events
-        + (sizes.steady_rate * sizes.steady_seconds) as usize;
+    let steady_seconds = if backend == Backend::PostgresClickHouse {
+        sizes.long_steady_seconds
+    } else {
+        sizes.steady_seconds
+    };
+    let total =
+        sizes.warmup + sizes.saturation_events + (sizes.steady_rate * steady_seconds) as usize;
     let progress = Arc::new(Progress::new(
         format!("delivery: {}", backend.label()),
         total as u64,
@@ -200,7 +215,12 @@ async fn run_backend(
 
     let first = 2_000_000;
     receiver.reset();
-    let steady_count = (sizes.steady_rate * sizes.steady_seconds) as usize;
+    let steady_count = (sizes.steady_rate * steady_seconds) as usize;
+    let every = Duration::from_secs_f64(sizes.sample_every_s);
+    let sampler = match &guards.0 {
+        Some(schema) => Some(Sampler::start(schema, guards.1.as_ref(), every).await?),
+        None => None,
+    };
     let steady_sent = load::publish(
         &publisher,
         base,
@@ -216,6 +236,10 @@ async fn run_backend(
         .wait_for_count(accepted, Duration::from_secs(300))
         .await;
     let steady = phase(&steady_sent, first, &receiver, base);
+    let queue = match sampler {
+        Some(sampler) => Some(sampler.finish(guards.1.as_ref()).await?),
+        None => None,
+    };
     progress.finish();
     let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     sheaf.stop().await?;
@@ -233,6 +257,7 @@ async fn run_backend(
         rss_after_saturation_kib,
         overhead_per_event_bytes,
         peak_rss_mib,
+        queue,
     })
 }
 
@@ -267,16 +292,108 @@ fn publish_ms(sent: &load::Sent) -> Vec<f64> {
         .collect()
 }
 
+/// The Postgres queue and ClickHouse over the steady phases, and the throughput targets.
+fn queue_report(report: &mut Report, sizes: &Sizes, measured: &[Measured]) {
+    let mut table = Table::new(
+        format!(
+            "The queue during the steady phase (sampled every {:.1} s): the claim statement's \
+             mean time over the first and the last minute (pg_stat_statements), the jobs table's \
+             dead tuples, ClickHouse parts created per minute",
+            sizes.sample_every_s
+        ),
+        &[
+            "backend",
+            "claim mean, first minute",
+            "claim mean, last minute",
+            "last ÷ first",
+            "max n_dead_tup",
+            "n_dead_tup over time",
+            "autovacuums",
+            "ClickHouse parts/min",
+        ],
+    );
+    for m in measured {
+        let Some(q) = &m.queue else { continue };
+        let over_time: Vec<String> = q
+            .samples
+            .iter()
+            .step_by((q.samples.len() / 12).max(1))
+            .map(|s| format!("{:.0}s:{}", s.at_s, s.dead))
+            .collect();
+        table.row(vec![
+            m.backend.label().to_owned(),
+            format!("{:.3} ms", q.claim_first_ms),
+            format!("{:.3} ms", q.claim_last_ms),
+            report::ratio(q.claim_last_ms / q.claim_first_ms),
+            report::count(q.max_dead as f64),
+            over_time.join(" "),
+            q.samples.last().map_or(0, |s| s.autovacuums).to_string(),
+            q.parts_per_minute
+                .map_or("–".to_owned(), |p| format!("{p:.1}")),
+        ]);
+    }
+    report.tables.push(table);
+
+    let memory = measured.iter().find(|m| m.backend == Backend::Memory);
+    let memory_rate = memory.map_or(f64::NAN, |m| m.saturation.events_per_s);
+    if let Some(m) = measured
+        .iter()
+        .find(|m| m.backend == Backend::PostgresClickHouse)
+    {
+        let s = &m.saturation;
+        report.target(
+            "Postgres + ClickHouse, closed loop (32 publishers, unique ids), publish → 2xx",
+            "≥ 3,000 events/s and ≥ 0.5x memory in the same run, publish p50 ≤ 10 ms",
+            format!(
+                "{} events/s ({} memory), publish p50 {}",
+                report::count(s.events_per_s),
+                report::ratio(s.events_per_s / memory_rate),
+                report::millis(s.publish_p50_ms)
+            ),
+            s.events_per_s >= 3_000.0
+                && s.events_per_s >= 0.5 * memory_rate
+                && s.publish_p50_ms <= 10.0,
+        );
+        let st = &m.steady;
+        let q = m.queue.clone().unwrap_or_default();
+        report.target(
+            "Postgres + ClickHouse, open loop at a steady 2,000 events/s",
+            "every event delivered, publish → 2xx p99 < 1 s, claim mean in the last minute within 2x of the first",
+            format!(
+                "{} of {} delivered, p99 {}, claim {:.3} → {:.3} ms",
+                report::count(st.delivered as f64),
+                report::count(st.published as f64),
+                report::millis(st.p99_ms),
+                q.claim_first_ms,
+                q.claim_last_ms
+            ),
+            st.delivered >= st.published
+                && st.p99_ms < 1_000.0
+                && q.claim_last_ms <= 2.0 * q.claim_first_ms,
+        );
+    }
+    if let Some(m) = measured.iter().find(|m| m.backend == Backend::Postgres) {
+        report.target(
+            "Postgres + Postgres, closed loop (32 publishers, unique ids), publish → 2xx",
+            "≥ 4,000 events/s",
+            format!("{} events/s", report::count(m.saturation.events_per_s)),
+            m.saturation.events_per_s >= 4_000.0,
+        );
+    }
+}
+
 fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
     let mut report = Report::new("delivery", QUESTION, ctx);
     let mut table = Table::new(
         format!(
             "One `sheaf serve`, one webhook destination on loopback, ~1 KB payloads; saturation: \
-             {} events from {} publishers; steady: {} events/s for {:.0} s",
+             {} events from {} publishers with unique ids; steady: {} events/s for {:.0} s \
+             (Postgres + ClickHouse: {:.0} s)",
             report::count(sizes.saturation_events as f64),
             sizes.publishers,
             report::count(sizes.steady_rate),
-            sizes.steady_seconds
+            sizes.steady_seconds,
+            sizes.long_steady_seconds
         ),
         &[
             "backend",
@@ -328,6 +445,7 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
         }
     }
     report.tables.push(table);
+    queue_report(&mut report, sizes, &measured);
     for m in &measured {
         report.memory.push(PeakRss::new(
             format!("sheaf serve ({})", m.backend.label()),

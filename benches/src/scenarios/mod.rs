@@ -4,6 +4,7 @@
 mod burst;
 mod cdc;
 mod delivery;
+mod delivery_queue;
 mod lookup;
 mod parts;
 mod queue;

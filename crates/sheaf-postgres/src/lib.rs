@@ -102,6 +102,12 @@ impl PostgresStores {
         Arc::new(self.entities.clone())
     }
 
+    /// The job queue with its Postgres-only extras (e.g.
+    /// [`PostgresJobQueue::explain_generic_claim`]).
+    pub fn postgres_job_queue(&self) -> &PostgresJobQueue {
+        &self.queue
+    }
+
     /// The outbox beside the queue (sheaf_store's `outbox` module docs): with
     /// [`OutboxLayout::InTheLog`] this schema's log tables are the outbox, with
     /// [`OutboxLayout::Shipped`] its own tables are, shipped to a log store elsewhere.

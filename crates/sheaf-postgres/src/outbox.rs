@@ -149,16 +149,22 @@ impl Statements {
                  JOIN {s}.{event_table} AS e
                    ON e.tenant_id = k.tenant_id AND e.event_id = k.event_id"
             ),
+            // The oldest rows no other shipment holds, picked once (an uncorrelated
+            // `ARRAY(…)` is an init plan) and deleted by primary key. Written as `IN (SELECT …)`
+            // it lets the planner, trusting the statistics of an outbox that was empty when
+            // last analyzed, run the picking subquery again for every row of the table: a
+            // shipment of a 100,000-row backlog then ran into the 30 s statement timeout
+            // (`cargo xtask bench delivery`).
             take_events: format!(
                 "DELETE FROM {s}.outbox_events
-                 WHERE seq IN (SELECT seq FROM {s}.outbox_events ORDER BY seq LIMIT $1
-                               FOR UPDATE SKIP LOCKED)
+                 WHERE seq = ANY (ARRAY(SELECT seq FROM {s}.outbox_events ORDER BY seq LIMIT $1
+                                        FOR UPDATE SKIP LOCKED))
                  RETURNING seq, tenant_id, event_id, topic, event_time, data"
             ),
             take_attempts: format!(
                 "DELETE FROM {s}.outbox_attempts AS a
-                 WHERE seq IN (SELECT seq FROM {s}.outbox_attempts ORDER BY seq LIMIT $1
-                               FOR UPDATE SKIP LOCKED)
+                 WHERE seq = ANY (ARRAY(SELECT seq FROM {s}.outbox_attempts ORDER BY seq
+                                        LIMIT $1 FOR UPDATE SKIP LOCKED))
                  RETURNING a.seq, a.tenant_id, a.attempt_id, a.event_id, a.destination_id,
                            a.number, a.attempt_time, a.status, a.trigger, a.response_code,
                            a.duration_ms, a.response_body, a.error, a.event_topic,

@@ -87,15 +87,23 @@ impl Statements {
             ),
             // The lease claim, one statement: pick due, unheld jobs in (next_due_at, id) order
             // from the `jobs_due` index, skip rows another claimer has locked, stamp the lease.
+            //
+            // The picked ids are an `ARRAY(…)`, which Postgres runs once as an init plan, and
+            // the update finds them by primary key. Joined as `FROM (SELECT …) AS picked`, the
+            // statement's generic plan (a prepared statement's plan after five runs, made without
+            // knowing `$1`) guesses the subquery returns a tenth of the table and hash-joins it
+            // against a sequential scan of the whole heap: every claim then reads every live and
+            // dead row, and under a backlog of 170,000 rows that is what slowed claims to seconds
+            // (docs/ARCHITECTURE.md, "Why the claim stays fast").
             claim: format!(
                 "UPDATE {s}.jobs AS j SET claimed_until = {}
-                 FROM (SELECT id FROM {s}.jobs
+                 WHERE j.id = ANY (ARRAY(
+                       SELECT id FROM {s}.jobs
                        WHERE next_due_at <= now()
                          AND (claimed_until IS NULL OR claimed_until < now())
                        ORDER BY next_due_at, id
                        LIMIT $1
-                       FOR UPDATE SKIP LOCKED) AS picked
-                 WHERE j.id = picked.id
+                       FOR UPDATE SKIP LOCKED))
                  RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
                            j.last_attempt_time, j.next_due_at, j.claimed_until",
                 lease_end(2)
@@ -276,6 +284,38 @@ impl PostgresJobQueue {
     pub(crate) fn new(db: Db) -> Self {
         let sql = std::sync::Arc::new(Statements::new(db.schema()));
         PostgresJobQueue { db, sql }
+    }
+
+    /// The plan Postgres makes for the claim statement once it stops planning each call and
+    /// reuses a generic plan (one made without knowing `$1`, as for a prepared statement after
+    /// five runs), from `EXPLAIN (FORMAT JSON)`. Nothing is executed. For diagnostics, and for
+    /// the test that proves the claim never reads the whole table.
+    pub async fn explain_generic_claim(&self) -> Result<serde_json::Value> {
+        let fail = |e| from_sqlx("explaining the claim", e);
+        let mut tx = self.db.pool.begin().await.map_err(fail)?;
+        sqlx::raw_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        sqlx::raw_sql(&format!(
+            "PREPARE sheaf_explained_claim(bigint, bigint) AS {}",
+            self.sql.claim
+        ))
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+        let row = sqlx::query("EXPLAIN (FORMAT JSON) EXECUTE sheaf_explained_claim(32, 30000000)")
+            .persistent(false)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(fail)?;
+        sqlx::raw_sql("DEALLOCATE sheaf_explained_claim")
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        tx.rollback().await.map_err(fail)?;
+        let plan: sqlx::types::Json<serde_json::Value> = get(&row, "QUERY PLAN")?;
+        Ok(plan.0)
     }
 
     /// Runs an outcome statement whose first two parameters are the lease arrays, binding the

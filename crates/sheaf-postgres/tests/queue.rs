@@ -206,3 +206,49 @@ async fn claims_and_renewals_are_hot_updates() {
         ratio * 100.0
     );
 }
+
+/// Every node of an `EXPLAIN (FORMAT JSON)` plan, depth first.
+fn plan_nodes(node: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+    out.push(node.clone());
+    if let Some(children) = node.get("Plans").and_then(|p| p.as_array()) {
+        for child in children {
+            plan_nodes(child, out);
+        }
+    }
+}
+
+/// A prepared claim is soon run on a generic plan, made without knowing how many jobs it asks
+/// for. That plan must still find the jobs through the indexes: a sequential scan of the jobs
+/// table reads every live and dead row on every claim, and under a backlog that made each claim
+/// take seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generic_claim_plan_never_scans_the_whole_table() {
+    let url = require_postgres!("the_generic_claim_plan_never_scans_the_whole_table");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    enqueue_due(&*test.stores.job_queue(), 20_000).await;
+    sqlx::raw_sql(&format!("ANALYZE \"{}\".jobs", test.schema))
+        .execute(test.stores.pool())
+        .await
+        .expect("analyze");
+    let explained = test
+        .stores
+        .postgres_job_queue()
+        .explain_generic_claim()
+        .await
+        .expect("explain");
+    let root = &explained[0];
+    let mut nodes = Vec::new();
+    plan_nodes(&root["Plan"], &mut nodes);
+    let on_jobs: Vec<&serde_json::Value> = nodes
+        .iter()
+        .filter(|n| n["Relation Name"] == "jobs")
+        .collect();
+    assert!(!on_jobs.is_empty(), "the plan never reads jobs: {root:#}");
+    for node in on_jobs {
+        assert_ne!(
+            node["Node Type"], "Seq Scan",
+            "the claim reads the whole jobs table: {root:#}"
+        );
+    }
+}
