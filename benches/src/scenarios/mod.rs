@@ -3,6 +3,7 @@
 
 mod burst;
 mod cdc;
+mod cdc_service;
 mod delivery;
 mod delivery_queue;
 mod lookup;

@@ -20,8 +20,9 @@
 //! active backends per wait event, MultiXact LWLock waits among them.
 //!
 //! Then the sustained phase (`queue_sustained`): jobs offered at a steady rate for minutes, with
-//! the claim as the plain statement it ships and as a candidate pinned to the index
-//! (`claim_jobs`, defined in `queue_sustained.rs`), side by side.
+//! the claim as the earlier statement (joined to its subquery), as the one Sheaf ships (ids
+//! picked in an init plan) and as a candidate pinned to the index (`claim_jobs`, defined in
+//! `queue_sustained.rs`), side by side.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

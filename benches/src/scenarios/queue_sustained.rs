@@ -1,9 +1,15 @@
 //! `queue`'s sustained phase: jobs offered at a steady rate for minutes while one claimer per
 //! process claims and one completer per process deletes them in batches, as the service's
-//! dispatcher and completer do (a no-op job), with the claim `PostgresJobQueue` ships (one plain
-//! `UPDATE … FOR UPDATE SKIP LOCKED` statement) and with a candidate, the same claim inside a
-//! PL/pgSQL function whose plan is pinned to `jobs_due` (`claim_jobs`, created here, not shipped),
-//! each in a schema of its own, one after the other in the same run.
+//! dispatcher and completer do (a no-op job), with three claims, each in a schema of its own, one
+//! after the other in the same run:
+//!
+//! - *joined*: the claim `PostgresJobQueue` shipped before, one `UPDATE … FOR UPDATE SKIP
+//!   LOCKED` statement joined to its subquery (`FROM (SELECT id …) AS picked`), whose generic
+//!   plan can hash-join the picked ids against a sequential scan of the whole heap;
+//! - *shipped*: the claim it ships now, the same statement with the ids picked in `ARRAY(…)`, an
+//!   init plan run once, the update then finding them by primary key;
+//! - *candidate*: the claim inside a PL/pgSQL function whose plan is pinned to `jobs_due`
+//!   (`claim_jobs`, created here, not shipped).
 //!
 //! Every few seconds it samples the jobs table's `n_live_tup`, `n_dead_tup` and autovacuum count
 //! (`pg_stat_user_tables`), the sizes of the heap and of `jobs_due`, and the claim and completion
@@ -12,7 +18,8 @@
 //! tuples between autovacuum runs.
 //!
 //! Longer than 600 lines because the run, its sampling and the two tables it reports read best
-//! in one place, each depending on the others' fields.
+//! in one place, each depending on the others' fields, and the three claims it compares are
+//! written out in full, two of them word for word as Sheaf shipped them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,25 +53,47 @@ const ENQUEUE_EVERY: Duration = Duration::from_millis(10);
 /// Which claim a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(super) enum Claim {
-    /// `PostgresJobQueue::claim`: one plain statement, planned by Postgres from whatever its
-    /// statistics say.
-    Statement,
-    /// The candidate: [`CANDIDATE_FUNCTION`], pinned to `jobs_due`.
+    /// The earlier `PostgresJobQueue::claim`: [`joined_claim_sql`], one plain statement joined
+    /// to its subquery, planned by Postgres from whatever its statistics say.
+    Joined,
+    /// `PostgresJobQueue::claim` as shipped: [`shipped_claim_sql`], the ids picked in an init
+    /// plan.
+    Shipped,
+    /// The candidate: [`candidate_function`], pinned to `jobs_due`.
     Function,
 }
 
 impl Claim {
+    /// Every claim, in the order the runs and the report's columns take them.
+    const ALL: [Claim; 3] = [Claim::Joined, Claim::Shipped, Claim::Function];
+
     pub(super) fn label(self) -> &'static str {
         match self {
-            Claim::Statement => "shipped: plain claim statement",
+            Claim::Joined => "earlier: claim joined to its subquery",
+            Claim::Shipped => "shipped: ids picked in an init plan",
             Claim::Function => "candidate: claim_jobs, pinned to jobs_due",
         }
     }
 
+    /// The name in the schema's prefix and in the per-window table's columns.
     fn short(self) -> &'static str {
         match self {
-            Claim::Statement => "shipped",
+            Claim::Joined => "joined",
+            Claim::Shipped => "shipped",
             Claim::Function => "candidate",
+        }
+    }
+
+    /// The `pg_stat_statements` patterns (`LIKE ALL`, with the run's schema) for this claim's
+    /// statement. The schema, a fresh name per run, keeps the variants apart (`claim_jobs`'s
+    /// `CREATE FUNCTION`, which holds the shipped statement's words, is in the candidate's);
+    /// these keep the claim apart from the schema's other statements (renewals and releases
+    /// also set `claimed_until`, the outbox also locks with `SKIP LOCKED`).
+    fn needles(self) -> &'static [&'static str] {
+        match self {
+            Claim::Joined => &["SET claimed_until", "SKIP LOCKED) AS picked"],
+            Claim::Shipped => &["SET claimed_until", "= ANY (ARRAY(", "SKIP LOCKED))"],
+            Claim::Function => &["SELECT id, claimed_until FROM ", "claim_jobs($"],
         }
     }
 }
@@ -112,10 +141,10 @@ pub(super) fn plan(ctx: &Ctx) -> Plan {
     }
 }
 
-/// Runs both configurations, the old claim first.
+/// Runs every configuration, in [`Claim::ALL`]'s order.
 pub(super) async fn run(url: &str, plan: Plan) -> anyhow::Result<Vec<Sustained>> {
     let mut runs = Vec::new();
-    for claim in [Claim::Statement, Claim::Function] {
+    for claim in Claim::ALL {
         let schema = PgSchema::new(url, &format!("bench_queue_{}", claim.short()));
         let stores = sheaf_postgres::PostgresStores::new(schema.config(2))?;
         stores.migrate().await?;
@@ -137,7 +166,7 @@ pub(super) async fn run(url: &str, plan: Plan) -> anyhow::Result<Vec<Sustained>>
     Ok(runs)
 }
 
-/// The candidate claim, measured against the shipped one and not shipped: the same claim in a
+/// The candidate claim, measured against the statements and not shipped: the same claim in a
 /// PL/pgSQL function (its plan cached per connection) that turns sequential scans, bitmap scans
 /// and sorts off for its own statement only, so the due jobs are always read in
 /// (next_due_at, id) order from `jobs_due` and the claimed rows found again through the primary
@@ -177,9 +206,9 @@ fn candidate_claim_sql(s: &str) -> String {
     format!("SELECT id, claimed_until FROM {s}.claim_jobs($1::bigint, $2::bigint)")
 }
 
-/// The claim `PostgresJobQueue` ships, word for word (the bench runs it itself so that both
-/// variants go through the same client code).
-fn old_claim_sql(s: &str) -> String {
+/// The claim `PostgresJobQueue` shipped before, word for word (the bench runs each statement
+/// itself so that every variant goes through the same client code).
+fn joined_claim_sql(s: &str) -> String {
     format!(
         "UPDATE {s}.jobs AS j SET claimed_until = GREATEST(now() + $2::bigint * interval '1 microsecond', \
                           j.claimed_until + interval '1 microsecond')
@@ -190,6 +219,23 @@ fn old_claim_sql(s: &str) -> String {
                LIMIT $1
                FOR UPDATE SKIP LOCKED) AS picked
          WHERE j.id = picked.id
+         RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                   j.last_attempt_time, j.next_due_at, j.claimed_until"
+    )
+}
+
+/// The claim `PostgresJobQueue` ships now, word for word: the ids picked in `ARRAY(…)`.
+fn shipped_claim_sql(s: &str) -> String {
+    format!(
+        "UPDATE {s}.jobs AS j SET claimed_until = GREATEST(now() + $2::bigint * interval '1 microsecond', \
+                          j.claimed_until + interval '1 microsecond')
+         WHERE j.id = ANY (ARRAY(
+               SELECT id FROM {s}.jobs
+               WHERE next_due_at <= now()
+                 AND (claimed_until IS NULL OR claimed_until < now())
+               ORDER BY next_due_at, id
+               LIMIT $1
+               FOR UPDATE SKIP LOCKED))
          RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
                    j.last_attempt_time, j.next_due_at, j.claimed_until"
     )
@@ -240,7 +286,8 @@ async fn run_one(
     let claimer = Claimer {
         pool: pool.clone(),
         sql: Arc::new(match claim {
-            Claim::Statement => old_claim_sql(&schema.schema),
+            Claim::Joined => joined_claim_sql(&schema.schema),
+            Claim::Shipped => shipped_claim_sql(&schema.schema),
             Claim::Function => candidate_claim_sql(&schema.schema),
         }),
     };
@@ -408,12 +455,9 @@ async fn sample(
     .fetch_one(&mut *conn)
     .await
     .context("read pg_stat_user_tables")?;
-    let claim_needle = match claim {
-        Claim::Statement => "FOR UPDATE SKIP LOCKED",
-        Claim::Function => "claim_jobs(",
-    };
-    let claim_totals =
-        pg::statement_totals_all(&mut *conn, &[schema.schema.as_str(), claim_needle]).await?;
+    let mut claim_needles = vec![schema.schema.as_str()];
+    claim_needles.extend(claim.needles());
+    let claim_totals = pg::statement_totals_all(&mut *conn, &claim_needles).await?;
     let complete_totals =
         pg::statement_totals_all(&mut *conn, &[schema.schema.as_str(), "DELETE FROM"]).await?;
     Ok(Sample {
@@ -479,71 +523,71 @@ pub(super) fn windows(run: &Sustained, window_s: u64) -> Vec<Window> {
     out
 }
 
-/// The side-by-side tables: per window, then a summary per configuration.
+/// The per-window table's columns after "until", each showing every run's value.
+const COLUMNS: [&str; 7] = [
+    "claim mean",
+    "blocks per claim",
+    "completion mean",
+    "jobs/s done",
+    "peak dead tuples",
+    "live rows at end",
+    "jobs_due at end",
+];
+
+/// One run's cells of one window, in [`COLUMNS`]' order.
+fn cells(w: &Window) -> [String; 7] {
+    [
+        report::millis(w.claim_mean_ms),
+        format!("{:.0}", w.claim_blocks),
+        report::millis(w.complete_mean_ms),
+        report::count(w.completed_per_s),
+        report::count(w.peak_dead_tuples as f64),
+        report::count(w.live_tuples as f64),
+        report::bytes(w.jobs_due_bytes as f64),
+    ]
+}
+
+/// The side-by-side tables: per window, then a summary per configuration, in [`Claim::ALL`]'s
+/// order.
 pub(super) fn tables(runs: &[Sustained], plan: Plan) -> Vec<Table> {
-    let (Some(before), Some(now)) = (
-        runs.iter().find(|r| r.claim == Claim::Statement),
-        runs.iter().find(|r| r.claim == Claim::Function),
-    ) else {
+    let runs: Vec<&Sustained> = Claim::ALL
+        .iter()
+        .filter_map(|c| runs.iter().find(|r| r.claim == *c))
+        .collect();
+    if runs.is_empty() {
         return Vec::new();
-    };
-    let (wb, wn) = (windows(before, plan.window_s), windows(now, plan.window_s));
+    }
+    let all: Vec<Vec<Window>> = runs.iter().map(|r| windows(r, plan.window_s)).collect();
+    let names: Vec<&str> = runs.iter().map(|r| r.claim.short()).collect();
+    let what = |c: Claim| c.label().split_once(": ").map_or("", |(_, what)| what);
+    let legend: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{} = {}", r.claim.short(), what(r.claim)))
+        .collect();
+    let headers: Vec<String> = std::iter::once("until".to_owned())
+        .chain(COLUMNS.map(|c| format!("{c}, {}", names.join(" / "))))
+        .collect();
     let mut per_window = Table::new(
         format!(
             "Sustained: {} jobs/s offered for {} s per configuration by {PROCESSES} processes \
              (one claimer, {WORKERS} no-op workers, one completer each), sampled every {} s; \
-             per {} s window (shipped = plain claim statement, candidate = claim_jobs)",
+             per {} s window ({})",
             report::count(plan.rate),
             plan.seconds,
             plan.sample_s,
-            plan.window_s
+            plan.window_s,
+            legend.join("; ")
         ),
-        &[
-            "until",
-            "claim mean, shipped / candidate",
-            "blocks per claim, shipped / candidate",
-            "completion mean, shipped / candidate",
-            "jobs/s done, shipped / candidate",
-            "peak dead tuples, shipped / candidate",
-            "live rows at end, shipped / candidate",
-            "jobs_due at end, shipped / candidate",
-        ],
+        &headers.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    for (b, n) in wb.iter().zip(&wn) {
-        per_window.row(vec![
-            format!("{:.0} s", b.until_s),
-            format!(
-                "{} / {}",
-                report::millis(b.claim_mean_ms),
-                report::millis(n.claim_mean_ms)
-            ),
-            format!("{:.0} / {:.0}", b.claim_blocks, n.claim_blocks),
-            format!(
-                "{} / {}",
-                report::millis(b.complete_mean_ms),
-                report::millis(n.complete_mean_ms)
-            ),
-            format!(
-                "{} / {}",
-                report::count(b.completed_per_s),
-                report::count(n.completed_per_s)
-            ),
-            format!(
-                "{} / {}",
-                report::count(b.peak_dead_tuples as f64),
-                report::count(n.peak_dead_tuples as f64)
-            ),
-            format!(
-                "{} / {}",
-                report::count(b.live_tuples as f64),
-                report::count(n.live_tuples as f64)
-            ),
-            format!(
-                "{} / {}",
-                report::bytes(b.jobs_due_bytes as f64),
-                report::bytes(n.jobs_due_bytes as f64)
-            ),
-        ]);
+    for i in 0..all.iter().map(Vec::len).min().unwrap_or(0) {
+        let each: Vec<[String; 7]> = all.iter().map(|ws| cells(&ws[i])).collect();
+        let mut row = vec![format!("{:.0} s", all[0][i].until_s)];
+        row.extend((0..COLUMNS.len()).map(|k| {
+            let values: Vec<&str> = each.iter().map(|c| c[k].as_str()).collect();
+            values.join(" / ")
+        }));
+        per_window.row(row);
     }
     let mut summary = Table::new(
         "Sustained, whole run per configuration (claim means from pg_stat_statements deltas)",
@@ -560,7 +604,7 @@ pub(super) fn tables(runs: &[Sustained], plan: Plan) -> Vec<Table> {
             "autovacuum runs",
         ],
     );
-    for (run, ws) in [(before, &wb), (now, &wn)] {
+    for (run, ws) in runs.iter().zip(&all) {
         let (Some(first), Some(last), Some(end)) = (ws.first(), ws.last(), run.samples.last())
         else {
             continue;

@@ -2,6 +2,10 @@
 //! `FOR UPDATE SKIP LOCKED`, leases instead of held transactions, and every outcome one statement
 //! per batch, guarded by the lease.
 //!
+//! Longer than 600 lines because every statement of the queue sits beside the code that binds
+//! its arrays and reads its rows, and the outcomes have variants that run inside an outbox's
+//! transaction; splitting them would put a statement's columns and their use in two files.
+//!
 //! # Leases on the server's clock
 //!
 //! A claim sets `claimed_until = now() + lease` with the database's `now()`, and the pair
