@@ -34,9 +34,10 @@ CREATE TABLE outbox_events (
 );
 CREATE INDEX outbox_events_by_key ON outbox_events (tenant_id, event_id);
 
--- Attempts waiting for the log store, committed with their job's outcome. An attempt keeps its
--- event's payload: the log store (ClickHouse) stores it in the attempt row, and by the time the
--- attempt ships its event has usually shipped and left `outbox_events`.
+-- Attempts waiting for the log store, committed with their job's outcome. An attempt keeps no
+-- copy of its event's payload (it would double the WAL a delivery writes): the shipper puts the
+-- payload back from the events it ships with it, its process's memory or the log store, which
+-- wants it in the attempt row.
 CREATE TABLE outbox_attempts (
     seq            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant_id      text COLLATE "C" NOT NULL,
@@ -51,8 +52,7 @@ CREATE TABLE outbox_attempts (
     duration_ms    bigint           NOT NULL,
     response_body  text,
     error          text,
-    event_topic    text COLLATE "C" NOT NULL,
-    event_data     json             NOT NULL
+    event_topic    text COLLATE "C" NOT NULL
 ) WITH (
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_insert_scale_factor = 0.02,

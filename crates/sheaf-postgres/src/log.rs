@@ -37,6 +37,38 @@ const ATTEMPT_COLUMNS: &str = "a.tenant_id, a.attempt_id, a.event_id, a.destinat
      a.attempt_time, a.status, a.trigger, a.response_code, a.duration_ms, a.response_body, \
      a.error, a.event_topic, e.data";
 
+/// `INSERT INTO {s}.{table}` of the thirteen attempt columns (`bind_attempts`), unnested from
+/// parameters `$first`…, with `tail` after (the log's skips attempt ids it has). The log's
+/// `attempts` and the outbox's `outbox_attempts` share it.
+pub(crate) fn insert_attempts_into(s: &str, table: &str, first: usize, tail: &str) -> String {
+    let params: Vec<String> = [
+        "text",
+        "uuid",
+        "text",
+        "uuid",
+        "bigint",
+        "timestamptz",
+        "text",
+        "text",
+        "integer",
+        "bigint",
+        "text",
+        "text",
+        "text",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, ty)| format!("${}::{ty}[]", first + i))
+    .collect();
+    format!(
+        "INSERT INTO {s}.{table} (tenant_id, attempt_id, event_id, destination_id, number,
+             attempt_time, status, trigger, response_code, duration_ms, response_body,
+             error, event_topic)
+         SELECT * FROM unnest({}) {tail}",
+        params.join(", ")
+    )
+}
+
 /// The statements whose text does not depend on the call, built once per store.
 #[derive(Debug)]
 struct Statements {
@@ -60,32 +92,11 @@ impl Statements {
              ON CONFLICT (tenant_id, event_id) DO NOTHING"
         );
         let attempts_from = |p: usize| {
-            let params: Vec<String> = [
-                "text",
-                "uuid",
-                "text",
-                "uuid",
-                "bigint",
-                "timestamptz",
-                "text",
-                "text",
-                "integer",
-                "bigint",
-                "text",
-                "text",
-                "text",
-            ]
-            .iter()
-            .enumerate()
-            .map(|(i, ty)| format!("${}::{ty}[]", p + i))
-            .collect();
-            format!(
-                "INSERT INTO {s}.attempts (tenant_id, attempt_id, event_id, destination_id, number,
-                     attempt_time, status, trigger, response_code, duration_ms, response_body,
-                     error, event_topic)
-                 SELECT * FROM unnest({})
-                 ON CONFLICT (tenant_id, attempt_id) DO NOTHING",
-                params.join(", ")
+            insert_attempts_into(
+                s,
+                "attempts",
+                p,
+                "ON CONFLICT (tenant_id, attempt_id) DO NOTHING",
             )
         };
         // Both tables in one statement: one round trip and one commit per batch, and the

@@ -4,7 +4,8 @@
 //! - **Shipped** (the log store is elsewhere, e.g. ClickHouse): an accepted event's key goes into
 //!   `accepted_events` (the idempotency record), its payload into `outbox_events` and its jobs
 //!   into `jobs`, all in one statement; a settlement writes attempts into `outbox_attempts`
-//!   together with the outcomes. A [`Shipment`] deletes the rows it takes inside a transaction
+//!   (without a copy of the payload, like the Postgres log's `attempts`) together with the
+//!   outcomes. A [`Shipment`] deletes the rows it takes inside a transaction
 //!   it holds open until the log store acknowledged them: committing removes them for good,
 //!   dropping it rolls the delete back. `FOR UPDATE SKIP LOCKED` lets the shippers of several
 //!   processes share the backlog without waiting for each other.
@@ -31,6 +32,7 @@ use crate::db::{Db, get, get_opt_time};
 use crate::error::from_sqlx;
 use crate::log::{
     PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted, event_from_row,
+    insert_attempts_into,
 };
 use crate::queue::{JOB_COLUMNS, PostgresJobQueue, bind_jobs};
 
@@ -99,41 +101,10 @@ impl Statements {
              )
              SELECT tenant_id, event_id FROM new"
         );
+        // Shipped: the same 13 columns into the outbox, without the payload (see
+        // `migrations/0004_outbox.sql`).
         let insert_attempts = match layout {
-            OutboxLayout::Shipped => {
-                let params: Vec<String> = [
-                    "text",
-                    "uuid",
-                    "text",
-                    "uuid",
-                    "bigint",
-                    "timestamptz",
-                    "text",
-                    "text",
-                    "integer",
-                    "bigint",
-                    "text",
-                    "text",
-                    "text",
-                    "text",
-                ]
-                .iter()
-                .enumerate()
-                .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
-                .collect();
-                format!(
-                    "INSERT INTO {s}.outbox_attempts (tenant_id, attempt_id, event_id,
-                         destination_id, number, attempt_time, status, trigger, response_code,
-                         duration_ms, response_body, error, event_topic, event_data)
-                     SELECT tenant_id, attempt_id, event_id, destination_id, number, attempt_time,
-                            status, trigger, response_code, duration_ms, response_body, error,
-                            event_topic, event_data::json
-                     FROM unnest({}) AS a(tenant_id, attempt_id, event_id, destination_id, number,
-                          attempt_time, status, trigger, response_code, duration_ms,
-                          response_body, error, event_topic, event_data)",
-                    params.join(", ")
-                )
-            }
+            OutboxLayout::Shipped => insert_attempts_into(s, "outbox_attempts", 1, ""),
             OutboxLayout::InTheLog => log.insert_attempts_sql().to_owned(),
         };
         let event_table = match layout {
@@ -168,7 +139,7 @@ impl Statements {
                  RETURNING a.seq, a.tenant_id, a.attempt_id, a.event_id, a.destination_id,
                            a.number, a.attempt_time, a.status, a.trigger, a.response_code,
                            a.duration_ms, a.response_body, a.error, a.event_topic,
-                           a.event_data AS data"
+                           NULL::json AS data"
             ),
             // Bounded per call, so a long-expired backlog is pruned in steps that each hold
             // their locks briefly.
@@ -231,24 +202,6 @@ impl PostgresOutbox {
     }
 }
 
-/// Binds the attempts of a settlement, with their payloads when the outbox keeps them.
-fn attempts_query<'q>(
-    sql: &'q str,
-    attempts: &[&'q Attempt],
-    with_payload: bool,
-) -> Result<sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>> {
-    let query = bind_attempts(sqlx::query(sql), attempts);
-    if !with_payload {
-        return Ok(query);
-    }
-    let data = attempts
-        .iter()
-        .map(|a| serde_json::to_string(a.event_data.value()))
-        .collect::<std::result::Result<Vec<String>, _>>()
-        .map_err(|e| sheaf_store::Error::invalid_input(format!("attempt event data: {e}")))?;
-    Ok(query.bind(data))
-}
-
 #[async_trait]
 impl Outbox for PostgresOutbox {
     async fn accept(&self, intakes: &[Intake]) -> Result<Vec<bool>> {
@@ -298,8 +251,7 @@ impl Outbox for PostgresOutbox {
         let mut tx = self.db.pool.begin().await.map_err(fail)?;
         let attempts = dedupe_sorted(&settlement.attempts, |a| (a.tenant_id.as_str(), a.id));
         if !attempts.is_empty() {
-            let with_payload = self.layout == OutboxLayout::Shipped;
-            attempts_query(&self.sql.insert_attempts, &attempts, with_payload)?
+            bind_attempts(sqlx::query(&self.sql.insert_attempts), &attempts)
                 .execute(&mut *tx)
                 .await
                 .map_err(fail)?;
@@ -446,6 +398,13 @@ impl Shipment for PostgresShipment {
 
     fn attempts(&self) -> &[Attempt] {
         &self.attempts
+    }
+
+    fn take_records(&mut self) -> (Vec<Event>, Vec<Attempt>) {
+        (
+            std::mem::take(&mut self.events),
+            std::mem::take(&mut self.attempts),
+        )
     }
 
     async fn commit(self: Box<Self>) -> Result<()> {

@@ -66,8 +66,18 @@ pub async fn outage_run(env: HashMap<String, String>, tenant: &str, count: usize
         "every event is delivered after the receiver recovers"
     );
 
-    // An event whose first delivery failed: its attempts show the failures, then the success.
+    // Every attempt, first or retry, carried the event's own payload.
     let deliveries = receiver.deliveries();
+    for d in &deliveries {
+        let body: serde_json::Value = serde_json::from_slice(&d.body).expect("a JSON body");
+        assert_eq!(
+            body,
+            json!({ "n": d.id }),
+            "the payload delivered for {}",
+            d.id
+        );
+    }
+    // An event whose first delivery failed: its attempts show the failures, then the success.
     let failed_first: HashSet<&str> = deliveries
         .iter()
         .filter(|d| d.status == 503)

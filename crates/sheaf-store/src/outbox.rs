@@ -77,8 +77,14 @@ pub struct OutboxBacklog {
 pub trait Shipment: Send {
     /// The events taken, oldest first.
     fn events(&self) -> &[Event];
-    /// The attempts taken, oldest first, each with its event's topic and payload.
+    /// The attempts taken, oldest first, each with its event's topic. An outbox may keep no
+    /// copy of an attempt's payload (its event's is already stored once): then `event_data` is
+    /// JSON `null`, and the shipper puts the payload back before writing to a log store that
+    /// wants it in the attempt row.
     fn attempts(&self) -> &[Attempt];
+    /// Moves the records out (for the write) and leaves the shipment empty; committing or
+    /// dropping it still removes or gives back the records it took.
+    fn take_records(&mut self) -> (Vec<Event>, Vec<Attempt>);
     /// Removes the records from the outbox: call it only after the log store acknowledged them.
     async fn commit(self: Box<Self>) -> Result<()>;
 }

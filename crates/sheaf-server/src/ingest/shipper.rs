@@ -7,7 +7,10 @@
 //! only once the log store acknowledged the write. A full round starts the next one at once; an
 //! under-filled one waits out `SHEAF_LOG_SHIP_INTERVAL` from its start, so at a steady rate each
 //! process writes one batch per interval (ClickHouse parts are bounded per interval, not per
-//! publish) and an event is searchable within about one interval of its publish.
+//! publish) and an event is searchable within about one interval of its publish. The outbox
+//! keeps an attempt without a copy of its payload; the shipper puts it back (from the events
+//! shipped with it, the fresh-event cache, or a coalesced read) because the log store keeps it
+//! in the attempt row, where a retry's lookup finds it.
 //!
 //! When the log store is down, the write fails, the shipment is dropped (its rows come back) and
 //! the shipper tries again with a doubling pause up to 30 s. Publishes and deliveries go on
@@ -17,10 +20,11 @@
 //!
 //! Once a minute the shipper also forgets event keys older than `SHEAF_IDEMPOTENCY_WINDOW`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sheaf_store::{Outbox, Timestamp};
+use sheaf_store::{Attempt, Event, EventKey, Outbox, Payload, Timestamp};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -115,23 +119,77 @@ async fn run(core: Arc<Core>, outbox: Arc<dyn Outbox>, stop: CancellationToken) 
 
 /// One round: returns whether the shipment was full (more may wait).
 async fn ship_once(core: &Core, outbox: &dyn Outbox, max: usize) -> anyhow::Result<bool> {
-    let Some(shipment) = outbox.take(max).await? else {
+    let Some(mut shipment) = outbox.take(max).await? else {
         return Ok(false);
     };
-    let (events, attempts) = (shipment.events().len(), shipment.attempts().len());
-    let records: Vec<LogRecord> = shipment
-        .events()
-        .iter()
-        .cloned()
+    let (events, mut attempts) = shipment.take_records();
+    let (event_count, attempt_count) = (events.len(), attempts.len());
+    // Dropping the shipment on failure (the `?`s below) gives the records back.
+    restore_payloads(core, &events, &mut attempts).await?;
+    let records: Vec<LogRecord> = events
+        .into_iter()
         .map(LogRecord::Event)
-        .chain(shipment.attempts().iter().cloned().map(LogRecord::Attempt))
+        .chain(attempts.into_iter().map(LogRecord::Attempt))
         .collect();
-    // Dropping the shipment on failure gives the records back.
     core.log_writer.hand_off(records).await?;
     shipment.commit().await?;
-    Metrics::add(&core.metrics.events_shipped, events);
-    Metrics::add(&core.metrics.attempts_shipped, attempts);
-    Ok(events + attempts >= max)
+    Metrics::add(&core.metrics.events_shipped, event_count);
+    Metrics::add(&core.metrics.attempts_shipped, attempt_count);
+    Ok(event_count + attempt_count >= max)
+}
+
+/// Puts back the payload of attempts the outbox kept without one: from the events shipped with
+/// them, else from this process's fresh-event cache, else through the coalesced event read
+/// (the outbox, then the log store). An event found nowhere (gone from the log store by
+/// retention) leaves its attempts without payload, as a log store without the event would.
+async fn restore_payloads(
+    core: &Core,
+    events: &[Event],
+    attempts: &mut [Attempt],
+) -> anyhow::Result<()> {
+    let shipped: HashMap<EventKey, &Event> = events.iter().map(|e| (e.key(), e)).collect();
+    let mut missing: HashMap<EventKey, Option<Payload>> = HashMap::new();
+    for attempt in attempts.iter().filter(|a| a.event_data.value().is_null()) {
+        let key = EventKey {
+            tenant_id: attempt.tenant_id.clone(),
+            event_id: attempt.event_id.clone(),
+        };
+        if !shipped.contains_key(&key) {
+            missing.insert(key, None);
+        }
+    }
+    for (key, payload) in missing.iter_mut() {
+        if let Some(event) = core.fresh.get(key).await {
+            *payload = Some(event.data);
+        }
+    }
+    let unknown: Vec<EventKey> = missing
+        .iter()
+        .filter(|(_, p)| p.is_none())
+        .map(|(k, _)| k.clone())
+        .collect();
+    let read =
+        futures::future::join_all(unknown.iter().map(|k| core.events.lookup(k.clone()))).await;
+    for (key, found) in unknown.into_iter().zip(read) {
+        if let Some(event) = found? {
+            missing.insert(key, Some(event.data));
+        }
+    }
+    for attempt in attempts
+        .iter_mut()
+        .filter(|a| a.event_data.value().is_null())
+    {
+        let key = EventKey {
+            tenant_id: attempt.tenant_id.clone(),
+            event_id: attempt.event_id.clone(),
+        };
+        if let Some(event) = shipped.get(&key) {
+            attempt.event_data = event.data.clone();
+        } else if let Some(Some(payload)) = missing.get(&key) {
+            attempt.event_data = payload.clone();
+        }
+    }
+    Ok(())
 }
 
 async fn prune(core: &Core, outbox: &dyn Outbox) {
