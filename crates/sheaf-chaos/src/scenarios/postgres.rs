@@ -122,9 +122,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     report.note(
         "sheaf log during the outage",
         format!(
-            "{} `claim failed` warnings, {} `jobs failed; trying again` (completer), {} `jobs failed; they come back when their leases end`, {} slow pool acquires",
+            "{} `claim failed` warnings, {} `settling attempts and outcomes failed; trying again` (completer), {} `jobs failed; they come back when their leases end`, {} slow pool acquires",
             log_lines(&a, "claim failed"),
-            log_lines(&a, "jobs failed; trying again"),
+            log_lines(&a, "settling attempts and outcomes failed; trying again"),
             log_lines(&a, "they come back when their leases end"),
             log_lines(&a, "slow_acquire_threshold")
         ),

@@ -316,12 +316,9 @@ async fn publish_durably(
         let (mut published, mut enqueued) = (0, 0);
         for (i, event, slot, jobs) in pending {
             let new = slot.load(std::sync::atomic::Ordering::Acquire);
-            let key = event.key();
-            core.accepted.insert(key.clone(), ()).await;
+            core.accepted.insert(event.key(), ()).await;
             if new {
-                // Only once committed, and only a new event: a repeat's payload may differ from
-                // the one its pending delivery must send.
-                core.fresh.insert(key, event.clone()).await;
+                // The group commit's writer has put it in the fresh-event cache already.
                 published += 1;
                 enqueued += jobs;
             }

@@ -12,8 +12,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use moka::future::Cache;
 use sheaf_coalesce::{BatchWriter, WriteCoalescer, WriteConfig};
-use sheaf_store::{Intake, Outbox};
+use sheaf_store::{Event, EventKey, Intake, Outbox};
 
 use crate::state::log_access::json_size;
 
@@ -51,9 +52,18 @@ impl IntakeRecord {
     }
 }
 
-/// Writes a batch of intakes as one `Outbox::accept`.
+/// Writes a batch of intakes as one `Outbox::accept`, then puts every new event in the
+/// fresh-event cache before any publisher hears back. The dispatcher may claim an event's jobs
+/// the moment they commit; filled here, the cache is ready microseconds after the commit
+/// instead of once each publisher's task has run again (under load most first deliveries then
+/// missed it and read the outbox or the log store instead).
 #[derive(Debug, Clone)]
-pub struct IntakeWriter(pub Arc<dyn Outbox>);
+pub struct IntakeWriter {
+    /// The outbox.
+    pub outbox: Arc<dyn Outbox>,
+    /// The fresh-event cache the first deliveries read.
+    pub fresh: Cache<EventKey, Event>,
+}
 
 impl BatchWriter for IntakeWriter {
     type Record = IntakeRecord;
@@ -68,8 +78,13 @@ impl BatchWriter for IntakeWriter {
     async fn write(&self, records: Vec<IntakeRecord>) -> Result<(), sheaf_store::Error> {
         let (intakes, slots): (Vec<Intake>, Vec<Arc<AtomicBool>>) =
             records.into_iter().map(|r| (r.intake, r.new)).unzip();
-        let answers = self.0.accept(&intakes).await?;
-        for (slot, new) in slots.iter().zip(answers) {
+        let answers = self.outbox.accept(&intakes).await?;
+        for ((intake, slot), new) in intakes.into_iter().zip(&slots).zip(answers) {
+            // Only a new event: a repeat's payload may differ from the one its pending
+            // delivery must send.
+            if new {
+                self.fresh.insert(intake.event.key(), intake.event).await;
+            }
             slot.store(new, Ordering::Release);
         }
         Ok(())

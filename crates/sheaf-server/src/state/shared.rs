@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moka::future::Cache;
+use moka::policy::EvictionPolicy;
 use sheaf_coalesce::{CoalesceMetrics, LookupCoalescer, WriteCoalescer};
 use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
@@ -67,15 +68,6 @@ impl Core {
         let retry_metrics = Arc::new(CoalesceMetrics::new());
         let event_metrics = Arc::new(CoalesceMetrics::new());
         let write_metrics = Arc::new(CoalesceMetrics::new());
-        let intake_metrics = Arc::new(CoalesceMetrics::new());
-        let intake = match &stores.outbox {
-            Some(outbox) => Some(WriteCoalescer::with_observer(
-                IntakeWriter(Arc::clone(outbox)),
-                intake_config(),
-                intake_metrics.clone(),
-            )?),
-            None => None,
-        };
         // Payloads are read from the outbox first while they wait there; when the log tables
         // are the outbox, the log store read is that read.
         let waiting = stores.outbox.clone().filter(|o| !o.is_log());
@@ -98,15 +90,34 @@ impl Core {
                 .split(retry_split())
                 .observer(retry_metrics.clone())
                 .build()?;
+        // Least recently used goes first: each entry is read about once, soon after it was
+        // written, so recency is the signal. The default policy (TinyLFU) admits a new key into
+        // a full cache only if it has been asked for more often than the entry it would evict,
+        // which turns away exactly the fresh events.
         let fresh = Cache::builder()
             .max_capacity(config.fresh_event_cache)
             .time_to_live(FRESH_EVENT_TTL)
+            .eviction_policy(EvictionPolicy::lru())
             .build();
         // Ids are small: ten times as many as fresh events, at least 10,000.
         let accepted = Cache::builder()
             .max_capacity(config.fresh_event_cache.saturating_mul(10).max(10_000))
             .time_to_live(ACCEPTED_ID_TTL)
+            .eviction_policy(EvictionPolicy::lru())
             .build();
+        let intake_metrics = Arc::new(CoalesceMetrics::new());
+        let intake = match &stores.outbox {
+            Some(outbox) => Some(WriteCoalescer::with_observer(
+                IntakeWriter {
+                    outbox: Arc::clone(outbox),
+                    fresh: fresh.clone(),
+                },
+                intake_config(),
+                intake_metrics.clone(),
+            )?),
+            None => None,
+        };
+
         let metrics = Arc::new(Metrics::default());
         let entities = EntityCache::new(Arc::clone(&stores.entities), config.entity_cache_ttl);
         Ok(Arc::new(Self {

@@ -232,6 +232,24 @@ pub(super) async fn all_events(client: &Client, tenant: &str) -> Vec<Value> {
     panic!("more than 100 pages of events");
 }
 
+/// [`all_events`] once the log holds at least `expected` of them, or after 15 s with what it
+/// holds: with the Postgres queue the log store receives events behind the outbox, within about
+/// one `SHEAF_LOG_SHIP_INTERVAL` of their publish.
+pub(super) async fn all_events_once_shipped(
+    client: &Client,
+    tenant: &str,
+    expected: usize,
+) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let events = all_events(client, tenant).await;
+        if events.len() >= expected || std::time::Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// One statement of the application's workload.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum AppOp {

@@ -28,8 +28,8 @@ use crate::support::{Client, base_env, kill, start_server, stop_clean};
 mod fixture;
 
 use fixture::{
-    App, all_events, body_json, change_key, delivered_changes, key, lsn, run_transaction,
-    spawn_with, wait_metric, wait_streaming, with_app, workload,
+    App, all_events_once_shipped, body_json, change_key, delivered_changes, key, lsn,
+    run_transaction, spawn_with, wait_metric, wait_streaming, with_app, workload,
 };
 
 /// Waits (bounded) until `$done` holds; panics with `$what` otherwise. A macro rather than a
@@ -159,7 +159,7 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
         );
 
         // The log store holds the same six events, with topic <schema>.<table>.<op>.
-        let events = all_events(&client, tenant).await;
+        let events = all_events_once_shipped(&client, tenant, 6).await;
         assert_eq!(events.len(), 6);
         for event in &events {
             let data = &event["data"];
@@ -368,7 +368,7 @@ async fn a_broken_stream_restarts_and_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(delivered_changes(&receiver).len(), 100);
         assert_eq!(receiver.duplicates(), 0, "nothing delivered twice");
-        assert_eq!(all_events(&client, tenant).await.len(), 100);
+        assert_eq!(all_events_once_shipped(&client, tenant, 100).await.len(), 100);
         assert_eq!(metrics.state(), CdcState::Streaming);
         server.shutdown().await;
     })
@@ -514,7 +514,7 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
             "exactly the changes written"
         );
 
-        let events = all_events(&client, tenant).await;
+        let events = all_events_once_shipped(&client, tenant, changes_written).await;
         let prefix = format!("cdc-{}-", app.slot);
         let event_ids: BTreeSet<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
         let event_changes: BTreeSet<(String, i64, i64)> =
