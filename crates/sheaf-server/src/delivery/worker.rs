@@ -93,11 +93,18 @@ async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
         };
     }
     Metrics::inc(&core.metrics.fresh_cache_misses);
-    match core.events.lookup(key).await {
-        Ok(Some(event)) => Resolved::Deliver {
-            topic: event.topic,
-            data: event.data,
-        },
+    match core.events.lookup(key.clone()).await {
+        Ok(Some(event)) => {
+            // Cached again for the log shipper, which puts the payload back into this
+            // delivery's attempt within a ship interval (the outbox keeps none).
+            if core.stores.outbox.is_some() {
+                core.fresh.insert(key, event.clone()).await;
+            }
+            Resolved::Deliver {
+                topic: event.topic,
+                data: event.data,
+            }
+        }
         Ok(None) => {
             // Publishes write the event before they enqueue, so a missing event was dropped
             // by the log's retention (or its tenant deleted): there is nothing to send.
