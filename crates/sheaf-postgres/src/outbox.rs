@@ -142,7 +142,7 @@ impl Statements {
                            NULL::json AS data"
             ),
             // Bounded per call, so a long-expired backlog is pruned in steps that each hold
-            // their locks briefly.
+            // their locks for a short time.
             prune: format!(
                 "WITH gone AS (
                      DELETE FROM {s}.accepted_events

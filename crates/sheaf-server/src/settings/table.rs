@@ -608,13 +608,14 @@ pub const CDC_CHECKPOINT_LIMIT: Setting = setting(
     },
     "Most rows read from the slot and not yet acknowledged; the reader waits beyond it. Reader batches hold at most half of it (and at most 1000 rows).",
 );
-// Each message's publish waits on the log write and the enqueue; a few in flight let the log
-// write coalescer and the event lookup coalescer gather them, while the checkpoint limit still
-// bounds the rows held.
+// Each message's publish waits on its commit (the Postgres outbox's group commit, or the log
+// write and the enqueue); the messages in flight are what one group commit can gather, so with
+// one row per message this bounds the changes per statement. 64 keeps a commit's statement
+// well-filled while the checkpoint limit still bounds the rows held.
 /// `SHEAF_CDC_MAX_IN_FLIGHT`.
 pub const CDC_MAX_IN_FLIGHT: Setting = setting(
     "SHEAF_CDC_MAX_IN_FLIGHT",
-    Some("16"),
+    Some("64"),
     Kind::Integer { min: 1, max: 1024 },
     "Messages from the slot being published at once; each is acknowledged on its own once durable, and the slot advances over the acknowledged prefix only. 1 publishes strictly one after another.",
 );
