@@ -259,6 +259,41 @@ impl<'a> KeyColumns<'a> {
     }
 }
 
+/// Runs `sql`, a `get_events` statement over `unnest($1::text[], $2::text[])` of tenant and event
+/// ids returning the five event columns, for the distinct `keys`; the log store and the outbox
+/// share it.
+pub(crate) async fn events_by_key(
+    db: &Db,
+    sql: &str,
+    keys: &[EventKey],
+    doing: &str,
+) -> Result<HashMap<EventKey, Event>> {
+    let mut seen = HashSet::with_capacity(keys.len());
+    let unique: Vec<&EventKey> = keys.iter().filter(|k| seen.insert(*k)).collect();
+    if unique.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = sqlx::query(sql)
+        .bind(
+            unique
+                .iter()
+                .map(|k| k.tenant_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|k| k.event_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&db.pool)
+        .await
+        .map_err(|e| from_sqlx(doing, e))?;
+    rows.iter()
+        .map(|row| event_from_row(row).map(|event| (event.key(), event)))
+        .collect()
+}
+
 pub(crate) fn event_from_row(row: &PgRow) -> Result<Event> {
     let data: Json<serde_json::Value> = get(row, "data")?;
     Ok(Event {
@@ -461,30 +496,7 @@ impl LogStore for PostgresLogStore {
     }
 
     async fn get_events(&self, keys: &[EventKey]) -> Result<HashMap<EventKey, Event>> {
-        let mut seen = HashSet::with_capacity(keys.len());
-        let unique: Vec<&EventKey> = keys.iter().filter(|k| seen.insert(*k)).collect();
-        if unique.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let rows = sqlx::query(&self.sql.get_events)
-            .bind(
-                unique
-                    .iter()
-                    .map(|k| k.tenant_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|k| k.event_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .fetch_all(&self.db.pool)
-            .await
-            .map_err(|e| from_sqlx("reading events", e))?;
-        rows.iter()
-            .map(|row| event_from_row(row).map(|event| (event.key(), event)))
-            .collect()
+        events_by_key(&self.db, &self.sql.get_events, keys, "reading events").await
     }
 
     async fn list_events(

@@ -32,7 +32,7 @@ use crate::db::{Db, get, get_opt_time};
 use crate::error::from_sqlx;
 use crate::log::{
     PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted, event_from_row,
-    insert_attempts_into,
+    events_by_key, insert_attempts_into,
 };
 use crate::queue::{JOB_COLUMNS, PostgresJobQueue, bind_jobs};
 
@@ -275,30 +275,8 @@ impl Outbox for PostgresOutbox {
     }
 
     async fn get_events(&self, keys: &[EventKey]) -> Result<HashMap<EventKey, Event>> {
-        let mut seen = HashSet::with_capacity(keys.len());
-        let unique: Vec<&EventKey> = keys.iter().filter(|k| seen.insert(*k)).collect();
-        if unique.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let rows = sqlx::query(&self.sql.get_events)
-            .bind(
-                unique
-                    .iter()
-                    .map(|k| k.tenant_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|k| k.event_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .fetch_all(&self.db.pool)
-            .await
-            .map_err(|e| from_sqlx("reading events from the outbox", e))?;
-        rows.iter()
-            .map(|row| event_from_row(row).map(|event| (event.key(), event)))
-            .collect()
+        let doing = "reading events from the outbox";
+        events_by_key(&self.db, &self.sql.get_events, keys, doing).await
     }
 
     async fn take(&self, max_records: usize) -> Result<Option<Box<dyn Shipment>>> {
