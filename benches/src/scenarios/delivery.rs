@@ -53,6 +53,33 @@ impl Backend {
     }
 }
 
+/// Development knobs, for profiling one configuration without the whole run: a comma-separated
+/// subset of `memory,postgres,clickhouse` and a steady phase length in seconds. The figures in
+/// docs/benchmarks.md always come from a run without them.
+const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
+const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
+
+fn backends() -> anyhow::Result<Vec<Backend>> {
+    let all = vec![
+        Backend::Memory,
+        Backend::Postgres,
+        Backend::PostgresClickHouse,
+    ];
+    let Ok(list) = std::env::var(BACKENDS_VAR) else {
+        return Ok(all);
+    };
+    list.split(',')
+        .map(|name| match name.trim() {
+            "memory" => Ok(Backend::Memory),
+            "postgres" => Ok(Backend::Postgres),
+            "clickhouse" => Ok(Backend::PostgresClickHouse),
+            other => anyhow::bail!(
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, postgres or clickhouse"
+            ),
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Sizes {
     warmup: usize,
@@ -109,13 +136,17 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         long_steady_seconds: ctx.size(300.0, 3.0),
         sample_every_s: ctx.size(5.0, 0.5),
     };
+    let mut sizes = sizes;
+    if let Some(seconds) = std::env::var(STEADY_SECONDS_VAR)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        sizes.steady_seconds = seconds;
+        sizes.long_steady_seconds = seconds;
+    }
     let bin = ctx.sheaf_bin()?.to_path_buf();
     let mut measured = Vec::new();
-    for backend in [
-        Backend::Memory,
-        Backend::Postgres,
-        Backend::PostgresClickHouse,
-    ] {
+    for backend in backends()? {
         let m = run_backend(ctx, &bin, &sizes, backend)
             .await
             .with_context(|| backend.label())?;

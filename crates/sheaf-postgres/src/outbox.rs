@@ -22,13 +22,13 @@ use std::fmt;
 
 use async_trait::async_trait;
 use sheaf_store::{
-    Attempt, Event, EventKey, Intake, Job, JobId, Outbox, OutboxBacklog, Result, Settlement,
-    Shipment, Timestamp, validate_intakes,
+    Accepted, Attempt, ClaimedJob, Event, EventKey, Intake, Job, JobId, Lease, LeaseOffer, Outbox,
+    OutboxBacklog, Result, Settlement, Shipment, Timestamp, validate_intakes, validate_lease,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Transaction};
 
-use crate::db::{Db, get, get_opt_time};
+use crate::db::{Db, get, get_opt_time, get_time, micros};
 use crate::error::from_sqlx;
 use crate::log::{
     PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted, event_from_row,
@@ -87,19 +87,33 @@ impl Statements {
             ),
             OutboxLayout::InTheLog => String::new(),
         };
-        // Only the new events' jobs, and never an id that is dead-lettered (as `enqueue`).
+        // Only the new events' jobs, and never an id that is dead-lettered (as `enqueue`). The
+        // first $13 of them that are due are inserted leased for $14 microseconds (the lease
+        // offer): a running count over the due ones, in id order. The answer is one row per new
+        // key and one per leased job.
         let accept = format!(
             "WITH new AS ({new_keys}){payloads}, queued AS (
-                 INSERT INTO {s}.jobs ({JOB_COLUMNS}, next_due_at)
-                 SELECT j.* FROM unnest($6::uuid[], $7::text[], $8::text[], $9::uuid[],
-                                        $10::bigint[], $11::timestamptz[], $12::timestamptz[])
-                                 AS j(id, tenant_id, event_id, destination_id, attempt_number,
-                                      last_attempt_time, next_due_at)
+                 INSERT INTO {s}.jobs ({JOB_COLUMNS}, next_due_at, claimed_until)
+                 SELECT j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                        j.last_attempt_time, j.next_due_at,
+                        CASE WHEN j.next_due_at <= now()
+                                  AND count(*) FILTER (WHERE j.next_due_at <= now())
+                                          OVER (ORDER BY j.id) <= $13
+                             THEN now() + $14::bigint * interval '1 microsecond'
+                        END
+                 FROM unnest($6::uuid[], $7::text[], $8::text[], $9::uuid[],
+                             $10::bigint[], $11::timestamptz[], $12::timestamptz[])
+                      AS j(id, tenant_id, event_id, destination_id, attempt_number,
+                           last_attempt_time, next_due_at)
                  JOIN new USING (tenant_id, event_id)
                  WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = j.id)
                  ON CONFLICT (id) DO NOTHING
+                 RETURNING id, claimed_until
              )
-             SELECT tenant_id, event_id FROM new"
+             SELECT tenant_id, event_id, NULL::uuid AS job_id, NULL::timestamptz AS claimed_until
+             FROM new
+             UNION ALL
+             SELECT NULL, NULL, id, claimed_until FROM queued WHERE claimed_until IS NOT NULL"
         );
         // Shipped: the same 13 columns into the outbox, without the payload (see
         // `migrations/0004_outbox.sql`).
@@ -204,13 +218,16 @@ impl PostgresOutbox {
 
 #[async_trait]
 impl Outbox for PostgresOutbox {
-    async fn accept(&self, intakes: &[Intake]) -> Result<Vec<bool>> {
+    async fn accept_leasing(&self, intakes: &[Intake], offer: LeaseOffer) -> Result<Accepted> {
         validate_intakes(intakes)?;
+        if offer.max_jobs > 0 {
+            validate_lease(offer.lease)?;
+        }
         let events: Vec<Event> = intakes.iter().map(|i| i.event.clone()).collect();
         // One row per key, sorted: concurrent batches take their locks in the same order.
         let unique = dedupe_sorted(&events, |e| (e.tenant_id.as_str(), e.id.as_str()));
         if unique.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Accepted::default());
         }
         // Only the first intake of a key brings its jobs: a later one is a repeat.
         let mut first_of_key = HashSet::new();
@@ -224,15 +241,39 @@ impl Outbox for PostgresOutbox {
         jobs.sort_by_key(|j| j.id);
         let query = bind_events(sqlx::query(&self.sql.accept), &unique)?;
         let rows = bind_jobs(query, &jobs)
+            .bind(i64::try_from(offer.max_jobs).unwrap_or(i64::MAX))
+            .bind(micros(offer.lease))
             .fetch_all(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("accepting events", e))?;
-        let mut new: HashSet<(String, String)> = rows
-            .iter()
-            .map(|row| Ok((get(row, "tenant_id")?, get(row, "event_id")?)))
-            .collect::<Result<_>>()?;
+        let mut new = HashSet::new();
+        let mut leased = Vec::new();
+        for row in &rows {
+            match get::<Option<uuid::Uuid>>(row, "job_id")? {
+                Some(id) => {
+                    let id = JobId::from_uuid(id);
+                    let claimed_until = get_time(row, "claimed_until")?;
+                    // The statement inserted only the jobs it was given.
+                    let Ok(at) = jobs.binary_search_by_key(&id, |j| j.id) else {
+                        continue;
+                    };
+                    leased.push(ClaimedJob {
+                        job: jobs[at].clone(),
+                        lease: Lease {
+                            job_id: id,
+                            claimed_until,
+                        },
+                    });
+                }
+                None => {
+                    new.insert((get::<String>(row, "tenant_id")?, get(row, "event_id")?));
+                }
+            }
+        }
+        // As a claim answers: in (due_at, id) order.
+        leased.sort_by_key(|c| (c.job.due_at, c.job.id));
         // The first intake of a key takes its answer; a later one in the call is a repeat.
-        Ok(intakes
+        let new = intakes
             .iter()
             .map(|i| {
                 new.remove(&(
@@ -240,7 +281,8 @@ impl Outbox for PostgresOutbox {
                     i.event.id.as_str().to_owned(),
                 ))
             })
-            .collect())
+            .collect();
+        Ok(Accepted { new, leased })
     }
 
     async fn settle(&self, settlement: &Settlement) -> Result<Vec<JobId>> {

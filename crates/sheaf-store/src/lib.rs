@@ -52,7 +52,9 @@ pub use log::{
     Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Event, EventFilter,
     EventKey, LogStore, Payload, TimeRange, validate_topic,
 };
-pub use outbox::{Intake, Outbox, OutboxBacklog, Settlement, Shipment, validate_intakes};
+pub use outbox::{
+    Accepted, Intake, LeaseOffer, Outbox, OutboxBacklog, Settlement, Shipment, validate_intakes,
+};
 pub use page::{Cursor, MAX_PAGE_LIMIT, Page, PageRequest};
 pub use queue::{
     ClaimedJob, DeadLetter, DeadLetterRequest, Job, JobQueue, Lease, QueueDepth, Renewed,

@@ -14,17 +14,24 @@
 //!   id never delivers twice, also after its first delivery finished and its job is gone (for
 //!   as long as the backend keeps the key, see [`Outbox::prune_keys`]).
 //!
+//! The caller of [`Outbox::accept_leasing`] may take leases on the new jobs in the same commit
+//! (as many as it has idle workers for): a process then delivers the events it accepted without
+//! a claim statement, and a job it leased but never finished comes back when the lease runs out,
+//! as any claimed job does.
+//!
 //! A backend whose log store is the same database may make its log tables the outbox: an
 //! accepted event is then in the log at once, a shipment is always empty, and nothing is
 //! written twice.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::{
-    Attempt, DeadLetterRequest, Event, EventKey, Job, JobId, Lease, Reschedule, Result, Timestamp,
+    Attempt, ClaimedJob, DeadLetterRequest, Event, EventKey, Job, JobId, Lease, Reschedule, Result,
+    Timestamp,
 };
 
 /// One event to accept, with the jobs its publish enqueues (one per matching destination).
@@ -34,6 +41,33 @@ pub struct Intake {
     pub event: Event,
     /// Its jobs; every job's tenant and event are the event's.
     pub jobs: Vec<Job>,
+}
+
+/// How many of an accept's new jobs the caller leases to itself, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseOffer {
+    /// At most this many jobs, taken in the order of the intakes and their jobs; 0 leases none.
+    pub max_jobs: usize,
+    /// How long each lease holds, as [`crate::JobQueue::claim`]'s `lease`.
+    pub lease: Duration,
+}
+
+impl LeaseOffer {
+    /// Leases nothing: every new job waits in the queue for a claim.
+    pub const NONE: LeaseOffer = LeaseOffer {
+        max_jobs: 0,
+        lease: Duration::ZERO,
+    };
+}
+
+/// What [`Outbox::accept_leasing`] answers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Accepted {
+    /// Per intake, in order: whether its event was new.
+    pub new: Vec<bool>,
+    /// The new jobs leased to the caller, each exactly as a claim would have returned it; the
+    /// caller delivers them and settles them under these leases.
+    pub leased: Vec<ClaimedJob>,
 }
 
 /// What a worker pool's turn produced, committed together by [`Outbox::settle`].
@@ -97,7 +131,14 @@ pub trait Outbox: fmt::Debug + Send + Sync + 'static {
     /// before (or earlier in the same call) is skipped with its jobs. A job whose id is already
     /// queued or dead-lettered is skipped, as [`crate::JobQueue::enqueue`] does. Either every new
     /// event of the call is committed with its jobs, or (on `Err`) none is.
-    async fn accept(&self, intakes: &[Intake]) -> Result<Vec<bool>>;
+    async fn accept(&self, intakes: &[Intake]) -> Result<Vec<bool>> {
+        Ok(self.accept_leasing(intakes, LeaseOffer::NONE).await?.new)
+    }
+
+    /// [`Outbox::accept`], and in the same commit leases up to `offer.max_jobs` of the new jobs
+    /// that are due (`next_due_at` not after the commit) to the caller, as
+    /// [`crate::JobQueue::claim`] would. A leased job is not claimable until its lease ends.
+    async fn accept_leasing(&self, intakes: &[Intake], offer: LeaseOffer) -> Result<Accepted>;
 
     /// Commits the attempts and applies the outcomes, all in one transaction, under the queue's
     /// lease rule: an outcome whose lease is lost changes nothing and its job id is returned.

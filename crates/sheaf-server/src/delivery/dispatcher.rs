@@ -8,8 +8,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Dispatched;
 use crate::state::Core;
+use crate::state::handoff::Dispatched;
 use crate::state::metrics::Metrics;
 
 /// Pause after a failed claim, so a database that is down is not hammered.
@@ -36,6 +36,8 @@ pub(super) async fn run(core: Arc<Core>, jobs: mpsc::Sender<Dispatched>, stop: C
             continue;
         }
         Metrics::inc(&core.metrics.claims);
+        // Before the statement: a lease's age is never underestimated.
+        let claimed_at = Instant::now();
         let claimed = match core.stores.queue.claim(room, lease).await {
             Ok(claimed) => claimed,
             Err(err) => {
@@ -49,10 +51,10 @@ pub(super) async fn run(core: Arc<Core>, jobs: mpsc::Sender<Dispatched>, stop: C
         };
         let got = claimed.len();
         Metrics::add(&core.metrics.jobs_claimed, got);
-        let claimed_at = Instant::now();
         let mut refused = Vec::new();
         for job in claimed {
-            // Only this task sends, and it claimed no more than the free slots: this does not wait.
+            // It claimed no more than the free slots, and the group commit sends only into
+            // slots it reserved: this does not wait.
             if let Err(mpsc::error::SendError(d)) = jobs
                 .send(Dispatched {
                     claimed: job,

@@ -6,6 +6,9 @@
 //!     └── complete / reschedule / dead-letter, batched ── completer <── outcome ──────────┘
 //! ```
 //!
+//! - The **group commit** of publishes ([`crate::state::handoff`]) leases the jobs of the events
+//!   it accepts to this process in the same commit, as many as the channel has free slots, and
+//!   puts them in the channel itself: most first deliveries are never claimed.
 //! - The **dispatcher** ([`dispatcher`]) is the only task that claims, so claim queries scale
 //!   with processes, not with workers × processes. It claims only as many jobs as the channel
 //!   has free slots, so claimed-but-unstarted work is bounded by the worker count and a
@@ -38,24 +41,17 @@ mod worker;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sheaf_store::{Attempt, ClaimedJob, DeadLetterRequest, Lease, Reschedule};
+use anyhow::Context as _;
+use sheaf_store::{Attempt, DeadLetterRequest, Lease, Reschedule};
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::state::Core;
+use crate::state::handoff::Dispatched;
 use crate::state::metrics::Metrics;
 use webhook::Sender;
-
-/// A claimed job on its way to a worker, with when it was claimed (the lease's age is
-/// measured on this process's clock, so clock skew with the database does not matter).
-#[derive(Debug)]
-struct Dispatched {
-    claimed: ClaimedJob,
-    claimed_at: Instant,
-}
 
 /// What the completer writes for one job.
 #[derive(Debug)]
@@ -105,7 +101,11 @@ impl Engine {
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         let workers_count = core.config.delivery_workers;
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Dispatched>(workers_count);
+        let jobs_rx = core
+            .jobs
+            .take_receiver()
+            .context("the delivery engine starts once per process")?;
+        let jobs_tx = core.jobs.sender();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let (completer_tx, completer_rx) =
             mpsc::channel::<Turn>(core.config.completer_max_batch.saturating_mul(4).max(64));

@@ -16,9 +16,10 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::webhook::{Delivered, Sender};
-use super::{Dispatched, Outcome, Turn};
+use super::{Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
+use crate::state::handoff::Dispatched;
 use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{DeliveryOutcome, Metrics};

@@ -328,9 +328,7 @@ async fn publish_durably(
                 jobs: if new { jobs } else { 0 },
             });
         }
-        if enqueued > 0 {
-            core.wake.notify_one();
-        }
+        // The group commit has woken the dispatcher for the jobs it did not hand over itself.
         Metrics::add(&core.metrics.events_published, published);
         Metrics::add(&core.metrics.jobs_enqueued, enqueued);
     }

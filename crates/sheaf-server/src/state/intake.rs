@@ -8,15 +8,24 @@
 //!
 //! The coalescer reports one outcome per hand-off, but a publish needs more: whether each of its
 //! events was new. Each record carries a slot the writer fills before the write completes.
+//!
+//! Each accept also leases as many of its new jobs to this process as its workers' channel has
+//! free slots, and puts them there itself ([`crate::state::handoff`]); it wakes the dispatcher
+//! only for new jobs that did not fit.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use moka::future::Cache;
 use sheaf_coalesce::{BatchWriter, WriteCoalescer, WriteConfig};
-use sheaf_store::{Event, EventKey, Intake, Outbox};
+use sheaf_store::{Event, EventKey, Intake, LeaseOffer, Outbox, Timestamp};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use crate::state::handoff::{Dispatched, JobChannel};
 use crate::state::log_access::json_size;
+use crate::state::metrics::Metrics;
 
 /// Most events in one accept: a statement of a thousand events and their jobs stays well under a
 /// second even on a busy server, and a CDC batch (at most 1,000 rows) fits whole.
@@ -63,6 +72,14 @@ pub struct IntakeWriter {
     pub outbox: Arc<dyn Outbox>,
     /// The fresh-event cache the first deliveries read.
     pub fresh: Cache<EventKey, Event>,
+    /// The workers' channel the leased jobs go into.
+    pub jobs: Arc<JobChannel>,
+    /// How long those leases hold (`SHEAF_QUEUE_LEASE`).
+    pub lease: Duration,
+    /// Wakes the dispatcher for new jobs that were not leased.
+    pub wake: Arc<Notify>,
+    /// Counts the jobs handed over.
+    pub metrics: Arc<Metrics>,
 }
 
 impl BatchWriter for IntakeWriter {
@@ -78,14 +95,44 @@ impl BatchWriter for IntakeWriter {
     async fn write(&self, records: Vec<IntakeRecord>) -> Result<(), sheaf_store::Error> {
         let (intakes, slots): (Vec<Intake>, Vec<Arc<AtomicBool>>) =
             records.into_iter().map(|r| (r.intake, r.new)).unzip();
-        let answers = self.outbox.accept(&intakes).await?;
-        for ((intake, slot), new) in intakes.into_iter().zip(&slots).zip(answers) {
+        // Jobs due now, of events that may be new: the most the accept can lease.
+        let now = Timestamp::now();
+        let due = intakes
+            .iter()
+            .flat_map(|i| &i.jobs)
+            .filter(|j| j.due_at <= now)
+            .count();
+        let permits = self.jobs.reserve(due);
+        let offer = LeaseOffer {
+            max_jobs: permits.as_ref().map_or(0, ExactSizeIterator::len),
+            lease: self.lease,
+        };
+        let claimed_at = Instant::now();
+        let accepted = self.outbox.accept_leasing(&intakes, offer).await?;
+        let handed_over = accepted.leased.len();
+        let mut new_jobs = 0;
+        for ((intake, slot), new) in intakes.into_iter().zip(&slots).zip(accepted.new) {
             // Only a new event: a repeat's payload may differ from the one its pending
             // delivery must send.
             if new {
+                new_jobs += intake.jobs.len();
                 self.fresh.insert(intake.event.key(), intake.event).await;
             }
             slot.store(new, Ordering::Release);
+        }
+        if let Some(permits) = permits {
+            // The outbox leased no more jobs than it was offered slots for. The workers may
+            // start at once: the cache above already holds the payloads.
+            for (claimed, permit) in accepted.leased.into_iter().zip(permits) {
+                permit.send(Dispatched {
+                    claimed,
+                    claimed_at,
+                });
+            }
+        }
+        Metrics::add(&self.metrics.jobs_handed_over, handed_over);
+        if new_jobs > handed_over {
+            self.wake.notify_one();
         }
         Ok(())
     }

@@ -3,6 +3,8 @@
 //!
 //! - [`stores`]: which backends run (memory by default; Postgres, ClickHouse by configuration).
 //! - [`intake`]: the group commit of publishes into the outbox (with the Postgres queue).
+//! - [`handoff`]: the workers' channel of claimed jobs, which the group commit fills directly
+//!   with jobs it leased in the accept.
 //! - [`log_access`]: every path to the log store, coalesced: the write coalescer, the event
 //!   reads and the retries' latest-attempt lookups.
 //! - [`entities`]: tenants and destinations, cached per tenant.
@@ -13,6 +15,7 @@
 
 pub mod backoff;
 pub mod entities;
+pub mod handoff;
 pub mod intake;
 pub mod jobs;
 pub mod log_access;

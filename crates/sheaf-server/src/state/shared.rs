@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use crate::settings::Config;
 use crate::state::entities::EntityCache;
+use crate::state::handoff::JobChannel;
 use crate::state::intake::{IntakeCommit, IntakeWriter, intake_config};
 use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
@@ -54,6 +55,8 @@ pub struct Core {
     pub metric_sources: MetricSources,
     /// Wakes the dispatcher when a publish has enqueued jobs.
     pub wake: Arc<Notify>,
+    /// The workers' channel of claimed jobs, which the dispatcher and the group commit fill.
+    pub jobs: Arc<JobChannel>,
 }
 
 impl Core {
@@ -105,12 +108,19 @@ impl Core {
             .time_to_live(ACCEPTED_ID_TTL)
             .eviction_policy(EvictionPolicy::lru())
             .build();
+        let metrics = Arc::new(Metrics::default());
+        let wake = Arc::new(Notify::new());
+        let jobs = Arc::new(JobChannel::new(config.delivery_workers));
         let intake_metrics = Arc::new(CoalesceMetrics::new());
         let intake = match &stores.outbox {
             Some(outbox) => Some(WriteCoalescer::with_observer(
                 IntakeWriter {
                     outbox: Arc::clone(outbox),
                     fresh: fresh.clone(),
+                    jobs: Arc::clone(&jobs),
+                    lease: config.queue_lease,
+                    wake: Arc::clone(&wake),
+                    metrics: Arc::clone(&metrics),
                 },
                 intake_config(),
                 intake_metrics.clone(),
@@ -118,7 +128,6 @@ impl Core {
             None => None,
         };
 
-        let metrics = Arc::new(Metrics::default());
         let entities = EntityCache::new(Arc::clone(&stores.entities), config.entity_cache_ttl);
         Ok(Arc::new(Self {
             metric_sources: MetricSources {
@@ -138,7 +147,8 @@ impl Core {
             fresh,
             accepted,
             metrics,
-            wake: Arc::new(Notify::new()),
+            wake,
+            jobs,
         }))
     }
 

@@ -81,6 +81,9 @@ pub struct Metrics {
     pub claims: AtomicU64,
     /// Jobs claimed.
     pub jobs_claimed: AtomicU64,
+    /// Jobs leased to this process by the accept of their publish and handed to its workers
+    /// without a claim.
+    pub jobs_handed_over: AtomicU64,
     /// Jobs released unstarted at shutdown.
     pub jobs_released: AtomicU64,
     /// Completer flushes (one per kind of outcome present) and the outcomes they carried.

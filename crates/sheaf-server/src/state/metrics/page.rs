@@ -167,6 +167,11 @@ pub fn render(
         read(&m.jobs_claimed),
     );
     w.counter(
+        "sheaf_jobs_handed_over_total",
+        "Jobs leased by their publish's accept and handed to the workers without a claim.",
+        read(&m.jobs_handed_over),
+    );
+    w.counter(
         "sheaf_jobs_released_total",
         "Claimed jobs released unstarted at shutdown.",
         read(&m.jobs_released),

@@ -83,6 +83,7 @@ pub async fn run_outbox(stores: outbox::Stores<'_>) {
         [
             outbox::accept_commits_each_key_once,
             outbox::accept_refuses_stray_jobs,
+            outbox::accept_leases_new_due_jobs,
             outbox::settle_records_attempts_with_outcomes,
             outbox::shipments_hand_over_each_record_once,
             outbox::pruned_keys_are_accepted_again,

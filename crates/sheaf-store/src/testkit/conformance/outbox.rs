@@ -1,6 +1,7 @@
 //! [`Outbox`] conformance: events commit with their jobs and only once per key, settlements
 //! commit attempts with outcomes under the lease rule, shipments hand every record over exactly
-//! once and give back what they do not commit, and key pruning ends the idempotency window.
+//! once and give back what they do not commit, key pruning ends the idempotency window, and an
+//! accept leases new due jobs to its caller only as offered.
 //!
 //! Each case takes the outbox, the queue beside it (idle, used by nobody else: a claim takes any
 //! due job) and the log store it feeds. An outbox whose log tables are the outbox
@@ -12,7 +13,7 @@ use super::assert_kind;
 use crate::testkit::fixtures::{attempt, event, unique_tenant};
 use crate::{
     AttemptKey, DeadLetterRequest, DestinationId, ErrorKind, Event, EventKey, Intake, Job,
-    JobQueue, LogStore, Outbox, Reschedule, Settlement, TenantId, Timestamp,
+    JobQueue, LeaseOffer, LogStore, Outbox, Reschedule, Settlement, TenantId, Timestamp,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -181,6 +182,86 @@ pub async fn accept_refuses_stray_jobs(stores: Stores<'_>) {
         .await
         .expect("settle");
     assert!(lost.is_empty());
+    ship_all(stores).await;
+    stores.queue.purge_tenant(&tenant).await.expect("purge");
+}
+
+/// An accept may lease some of its new, due jobs to the caller: exactly that many, never a
+/// repeat's or a scheduled job's, none claimable until the lease ends, each settled under the
+/// lease it came with.
+pub async fn accept_leases_new_due_jobs(stores: Stores<'_>) {
+    let case = "accept_leases_new_due_jobs";
+    assert_idle(stores.queue, case).await;
+    let tenant = unique_tenant("outbox-lease");
+    let ds: Vec<DestinationId> = (0..3).map(|_| DestinationId::generate()).collect();
+    let first = intake(&tenant, "evt-lease-1", &ds);
+    let mut later = intake(&tenant, "evt-lease-2", &ds[..1]);
+    later.jobs[0].due_at = Timestamp::now().saturating_add(Duration::from_secs(3600));
+    let offer = LeaseOffer {
+        max_jobs: 2,
+        lease: LEASE,
+    };
+    let accepted = stores
+        .outbox
+        .accept_leasing(&[first.clone(), later.clone()], offer)
+        .await
+        .expect("accept");
+    assert_eq!(accepted.new, vec![true, true], "{case}: both new");
+    assert_eq!(accepted.leased.len(), 2, "{case}: two of three due jobs");
+    for claimed in &accepted.leased {
+        assert!(
+            first.jobs.contains(&claimed.job),
+            "{case}: a leased job is a due job of the call, as given: {claimed:?}"
+        );
+        assert_eq!(
+            claimed.lease.job_id, claimed.job.id,
+            "{case}: the lease's job"
+        );
+    }
+    let depth = stores.queue.depth().await.expect("depth");
+    assert_eq!(
+        (depth.claimed, depth.due, depth.scheduled),
+        (2, 1, 1),
+        "{case}: two held, one due, one scheduled: {depth:?}"
+    );
+    let claimed = stores.queue.claim(10, LEASE).await.expect("claim");
+    assert_eq!(
+        claimed.len(),
+        1,
+        "{case}: only the unleased due job is claimable"
+    );
+    assert!(
+        accepted
+            .leased
+            .iter()
+            .all(|l| l.job.id != claimed[0].job.id),
+        "{case}: a claim never returns a leased job"
+    );
+    // A repeat leases nothing, whatever the offer.
+    let repeat = stores
+        .outbox
+        .accept_leasing(std::slice::from_ref(&first), offer)
+        .await
+        .expect("accept the repeat");
+    assert_eq!(repeat.new, vec![false], "{case}: a repeat");
+    assert!(repeat.leased.is_empty(), "{case}: a repeat leases nothing");
+    let mut complete: Vec<_> = accepted.leased.iter().map(|c| c.lease).collect();
+    complete.push(claimed[0].lease);
+    let lost = stores
+        .outbox
+        .settle(&Settlement {
+            complete,
+            ..Settlement::default()
+        })
+        .await
+        .expect("settle");
+    assert!(lost.is_empty(), "{case}: every lease held: {lost:?}");
+    let depth = stores.queue.depth().await.expect("depth");
+    assert_eq!(
+        (depth.claimed, depth.due, depth.scheduled),
+        (0, 0, 1),
+        "{case}: only the scheduled job is left: {depth:?}"
+    );
     ship_all(stores).await;
     stores.queue.purge_tenant(&tenant).await.expect("purge");
 }
