@@ -322,6 +322,12 @@ impl PostgresJobQueue {
         Ok(plan.0)
     }
 
+    /// The completion statement (`$1` job ids, `$2` their `claimed_until`), for diagnostics and
+    /// for the test that proves its plan follows the table's size.
+    pub fn complete_sql(&self) -> &str {
+        &self.sql.complete
+    }
+
     /// Runs an outcome statement whose first two parameters are the lease arrays, binding the
     /// rest with `bind_rest`, and returns the lost ids in the caller's order.
     async fn outcome<'s, 'e, T: Sync>(
