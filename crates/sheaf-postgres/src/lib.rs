@@ -49,7 +49,7 @@ pub use config::{DEFAULT_SCHEMA, PostgresConfig};
 pub use entity::PostgresEntityStore;
 pub use log::PostgresLogStore;
 pub use outbox::{OutboxLayout, PostgresOutbox};
-pub use queue::PostgresJobQueue;
+pub use queue::{PostgresJobQueue, VACUUM_AFTER_DEAD_ROWS};
 
 use crate::db::Db;
 

@@ -311,3 +311,66 @@ async fn outcome_plans_follow_the_table_as_it_grows() {
         );
     }
 }
+
+/// How often the test schema's jobs table was vacuumed by hand (not by autovacuum).
+async fn manual_vacuums(test: &TestSchema) -> i64 {
+    let mut conn = test.connect().await;
+    sqlx::query_scalar::<_, i64>(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'jobs'",
+    )
+    .bind(&test.schema)
+    .fetch_one(&mut conn)
+    .await
+    .expect("read pg_stat_user_tables")
+}
+
+/// Claims and completes `n` jobs, 500 per statement.
+async fn complete_jobs(queue: &dyn JobQueue, n: usize) {
+    let mut done = 0;
+    while done < n {
+        let batch = queue
+            .claim(500.min(n - done), Duration::from_secs(300))
+            .await
+            .expect("claim");
+        assert!(!batch.is_empty(), "jobs left to claim");
+        let leases: Vec<Lease> = batch.iter().map(|c| c.lease).collect();
+        assert!(queue.complete(&leases).await.expect("complete").is_empty());
+        done += batch.len();
+    }
+}
+
+/// The queue vacuums its jobs table once `VACUUM_AFTER_DEAD_ROWS` outcomes left dead rows, and
+/// not before: the claim then never walks through more dead index entries than that, whatever
+/// autovacuum's schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_vacuums_the_jobs_table_after_enough_dead_rows() {
+    let url = require_postgres!("maintain_vacuums_the_jobs_table_after_enough_dead_rows");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let queue = test.stores.job_queue();
+    let threshold = sheaf_postgres::VACUUM_AFTER_DEAD_ROWS as usize;
+    enqueue_due(&*queue, threshold + 500).await;
+    let before = manual_vacuums(&test).await;
+
+    complete_jobs(&*queue, threshold - 500).await;
+    assert!(
+        !queue.maintain().await.expect("maintain"),
+        "fewer dead rows than the threshold: nothing to do"
+    );
+    assert_eq!(manual_vacuums(&test).await, before, "no vacuum yet");
+
+    complete_jobs(&*queue, 500).await;
+    assert!(
+        queue.maintain().await.expect("maintain"),
+        "the threshold is reached"
+    );
+    assert_eq!(
+        manual_vacuums(&test).await,
+        before + 1,
+        "one vacuum of jobs"
+    );
+    assert!(
+        !queue.maintain().await.expect("maintain"),
+        "the count starts again after a vacuum"
+    );
+}

@@ -224,4 +224,12 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
     async fn ping(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Housekeeping the backend wants done while the queue runs (Postgres: vacuuming the jobs
+    /// table once enough rows died). The service calls it every few seconds from one task per
+    /// process; it must be cheap when there is nothing to do. Returns whether it did anything.
+    /// The default does nothing.
+    async fn maintain(&self) -> Result<bool> {
+        Ok(false)
+    }
 }

@@ -27,6 +27,9 @@
 //!   beat it several times over (docs/benchmarks.md, `queue`). With an outbox the whole flush,
 //!   attempts included, is one transaction (`Outbox::settle`).
 //!
+//! - **Housekeeping** ([`housekeeping`]) asks the queue every few seconds for its upkeep
+//!   (`JobQueue::maintain`: on Postgres, a vacuum of `jobs` after 10,000 dead rows).
+//!
 //! Shutdown: stop claiming; let workers finish what they hold until `SHEAF_SHUTDOWN_TIMEOUT`,
 //! then abandon it (its lease runs out and another claim picks it up); release the claims
 //! still in the channel, unstarted; flush the completer, for at most `SHEAF_SHUTDOWN_TIMEOUT`
@@ -35,6 +38,7 @@
 mod completer;
 mod dispatcher;
 pub mod guard;
+mod housekeeping;
 pub mod webhook;
 mod worker;
 
@@ -85,6 +89,7 @@ pub struct Engine {
     stop: CancellationToken,
     abort: CancellationToken,
     dispatcher: JoinHandle<()>,
+    housekeeping: JoinHandle<()>,
     workers: TaskTracker,
     completer: JoinHandle<()>,
     completer_tx: mpsc::Sender<Turn>,
@@ -116,6 +121,7 @@ impl Engine {
             abort.clone(),
         ));
         let dispatcher = tokio::spawn(dispatcher::run(Arc::clone(&core), jobs_tx, stop.clone()));
+        let housekeeping = tokio::spawn(housekeeping::run(Arc::clone(&core), stop.clone()));
         let workers = TaskTracker::new();
         for _ in 0..workers_count {
             workers.spawn(worker::run(
@@ -133,6 +139,7 @@ impl Engine {
             stop,
             abort,
             dispatcher,
+            housekeeping,
             workers,
             completer,
             completer_tx,
@@ -144,6 +151,7 @@ impl Engine {
     pub async fn shutdown(self, deadline: Duration) {
         self.stop.cancel();
         let _ = self.dispatcher.await;
+        let _ = self.housekeeping.await;
         if tokio::time::timeout(deadline, self.workers.wait())
             .await
             .is_err()

@@ -84,6 +84,8 @@ pub struct Metrics {
     /// Jobs leased to this process by the accept of their publish and handed to its workers
     /// without a claim.
     pub jobs_handed_over: AtomicU64,
+    /// Housekeeping runs of the queue that did something (Postgres: vacuums of `jobs`).
+    pub queue_maintenance: AtomicU64,
     /// Jobs released unstarted at shutdown.
     pub jobs_released: AtomicU64,
     /// Completer flushes (one per kind of outcome present) and the outcomes they carried.

@@ -172,6 +172,11 @@ pub fn render(
         read(&m.jobs_handed_over),
     );
     w.counter(
+        "sheaf_queue_maintenance_total",
+        "Queue housekeeping runs that did something (Postgres: vacuums of the jobs table).",
+        read(&m.queue_maintenance),
+    );
+    w.counter(
         "sheaf_jobs_released_total",
         "Claimed jobs released unstarted at shutdown.",
         read(&m.jobs_released),

@@ -1,0 +1,31 @@
+//! The queue's housekeeping: one task per process asks the queue every few seconds for the
+//! upkeep it needs while it runs (`JobQueue::maintain`; on Postgres, a vacuum of the jobs table
+//! once enough of its rows died, so the claim does not walk through them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::state::Core;
+use crate::state::metrics::Metrics;
+
+/// How often the queue is asked. Asking is an atomic read when there is nothing to do.
+const EVERY: Duration = Duration::from_secs(2);
+
+pub(super) async fn run(core: Arc<Core>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(EVERY) => {}
+        }
+        match core.stores.queue.maintain().await {
+            Ok(true) => Metrics::inc(&core.metrics.queue_maintenance),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "queue housekeeping failed; trying again later")
+            }
+        }
+    }
+}
