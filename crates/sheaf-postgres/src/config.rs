@@ -105,17 +105,6 @@ impl PostgresConfig {
         // Startup parameters cost no round trip, and apply to every connection the pool opens,
         // including those that replace a lost one. Tables are schema-qualified in every statement,
         // so no `search_path` is needed.
-        //
-        // Every statement is planned for the values and the table sizes of its own execution.
-        // sqlx prepares each statement once per connection, and after five executions Postgres
-        // may keep one generic plan, costed with the statistics of that moment, until the next
-        // ANALYZE. The queue's tables swing from empty to a backlog of 100,000 rows within a
-        // minute: a plan made while `jobs` was nearly empty (hash join over a sequential scan)
-        // then read the whole table for every batch of outcomes, 1.3–1.7 s per completion of 256
-        // jobs at a steady 2,000 events/s (`cargo xtask bench delivery`), and the completer fell
-        // behind for good. Every statement here carries a batch, so planning it each time is
-        // small beside its execution.
-        let options = options.options([("plan_cache_mode", "force_custom_plan")]);
         Ok(match self.statement_timeout {
             Some(timeout) => options.options([("statement_timeout", timeout.as_millis())]),
             None => options,

@@ -45,6 +45,25 @@ impl Db {
     }
 }
 
+/// A statement planned anew at every execution, for the values and the table sizes of that
+/// moment: for statements over the tables whose size swings (the queue's `jobs`, the outbox).
+///
+/// sqlx prepares a statement once per connection, and after five executions Postgres may keep
+/// one generic plan, costed with the statistics of that moment, until the next ANALYZE. `jobs`
+/// swings from empty to a backlog of 100,000 rows within a minute: a completion planned while
+/// it was nearly empty (a hash join over a sequential scan) then read the whole table for every
+/// batch, 1.3–1.7 s per 256 jobs at a steady 2,000 events/s (`cargo xtask bench delivery`), and
+/// the completer fell behind for good. Sent unnamed, the statement is parsed and planned each
+/// time (about a tenth of a millisecond for these, small beside a batch). Statements whose plan
+/// does not depend on such a table (the accept's inserts, for one, which costs ~0.9 ms to plan)
+/// stay prepared.
+pub(crate) fn planned_each_time(sql: &str) -> PgQuery<'_> {
+    sqlx::query(sql).persistent(false)
+}
+
+/// A query with its arguments still to bind.
+pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// Reads column `name` of `row`, as a store error on failure.
 pub(crate) fn get<'r, T>(row: &'r PgRow, name: &str) -> Result<T>
 where

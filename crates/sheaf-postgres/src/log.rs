@@ -21,7 +21,7 @@ use sqlx::types::Json;
 use sqlx::{Postgres, QueryBuilder};
 use uuid::Uuid;
 
-use crate::db::{Db, get, get_time, get_u32, pg_text};
+use crate::db::{Db, get, get_time, get_u32, pg_text, planned_each_time};
 use crate::error::{decode, from_sqlx};
 
 /// Most keys one latest-attempt statement carries; larger calls are split. At the 20–50 µs per key
@@ -273,7 +273,8 @@ pub(crate) async fn events_by_key(
     if unique.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows = sqlx::query(sql)
+    // The outbox's events swing from empty to a backlog: planned each time.
+    let rows = planned_each_time(sql)
         .bind(
             unique
                 .iter()

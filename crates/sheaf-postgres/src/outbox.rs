@@ -28,7 +28,7 @@ use sheaf_store::{
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Transaction};
 
-use crate::db::{Db, get, get_opt_time, get_time, micros};
+use crate::db::{Db, get, get_opt_time, get_time, micros, planned_each_time};
 use crate::error::from_sqlx;
 use crate::log::{
     PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted, event_from_row,
@@ -328,7 +328,7 @@ impl Outbox for PostgresOutbox {
         let fail = |e| from_sqlx("taking records from the outbox", e);
         let mut tx = self.db.pool.begin().await.map_err(fail)?;
         let limit = i64::try_from(max_records).unwrap_or(i64::MAX);
-        let mut rows = sqlx::query(&self.sql.take_events)
+        let mut rows = planned_each_time(&self.sql.take_events)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await
@@ -342,7 +342,7 @@ impl Outbox for PostgresOutbox {
         let mut attempts = Vec::new();
         let room = max_records - events.len();
         if room > 0 {
-            let mut rows = sqlx::query(&self.sql.take_attempts)
+            let mut rows = planned_each_time(&self.sql.take_attempts)
                 .bind(i64::try_from(room).unwrap_or(i64::MAX))
                 .fetch_all(&mut *tx)
                 .await

@@ -43,10 +43,10 @@ use sheaf_store::{
 };
 use sqlx::postgres::PgRow;
 
-use crate::db::{Db, get, get_opt_time, get_time, get_u32, micros, pg_text};
+use crate::db::{
+    Db, PgQuery, get, get_opt_time, get_time, get_u32, micros, pg_text, planned_each_time,
+};
 use crate::error::from_sqlx;
-
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// The job columns a claim returns and a dead letter keeps.
 pub(crate) const JOB_COLUMNS: &str =
@@ -341,12 +341,6 @@ impl PostgresJobQueue {
         Ok(plan.0)
     }
 
-    /// The completion statement (`$1` job ids, `$2` their `claimed_until`), for diagnostics and
-    /// for the test that proves its plan follows the table's size.
-    pub fn complete_sql(&self) -> &str {
-        &self.sql.complete
-    }
-
     /// Runs an outcome statement whose first two parameters are the lease arrays, binding the
     /// rest with `bind_rest`, and returns the lost ids in the caller's order.
     async fn outcome<'s, 'e, T: Sync>(
@@ -365,7 +359,7 @@ impl PostgresJobQueue {
         let order: Vec<usize> = unique.iter().map(|(at, _)| *at).collect();
         let records: Vec<&T> = unique.iter().map(|(_, item)| *item).collect();
         let leases: Vec<Lease> = records.iter().map(|item| lease_of(item)).collect();
-        let query = sqlx::query(sql)
+        let query = planned_each_time(sql)
             .bind(
                 leases
                     .iter()
@@ -493,7 +487,7 @@ impl JobQueue for PostgresJobQueue {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(&self.sql.claim)
+        let rows = planned_each_time(&self.sql.claim)
             .bind(i64::try_from(max).unwrap_or(i64::MAX))
             .bind(micros(lease))
             .fetch_all(&self.db.pool)
@@ -523,7 +517,7 @@ impl JobQueue for PostgresJobQueue {
         }
         let order: Vec<usize> = unique.iter().map(|(at, _)| *at).collect();
         let old: Vec<Lease> = unique.iter().map(|(_, l)| **l).collect();
-        let rows = sqlx::query(&self.sql.renew)
+        let rows = planned_each_time(&self.sql.renew)
             .bind(old.iter().map(|l| l.job_id.as_uuid()).collect::<Vec<_>>())
             .bind(
                 old.iter()
