@@ -3,6 +3,7 @@
 //! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
+//! - `observability`: request ids, the request timeout, JSON logs.
 //! - `binary`: the `sheaf` binary's help, version, configuration errors and the docs' table.
 //! - `shared`: Postgres and ClickHouse configurations, and two `sheaf` processes sharing them.
 //! - `cdc`: the CDC source on the real Postgres, in process and through the binary killed mid-stream.
@@ -16,6 +17,7 @@ mod bad_input;
 mod binary;
 mod cdc;
 mod delivery;
+mod observability;
 mod schemathesis;
 mod security;
 mod shared;

@@ -135,7 +135,13 @@ impl SheafCommand {
                 if let Some(rest) = line.split(LISTENING).nth(1)
                     && let Some(tx) = tx.take()
                 {
-                    let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                    // The address ends where the text line does, or at the JSON line's quote.
+                    let addr: String = rest
+                        .chars()
+                        .take_while(|c| {
+                            c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '[' | ']')
+                        })
+                        .collect();
                     let _ = tx.send(addr);
                 }
                 if let Some(file) = file.as_mut() {

@@ -8,6 +8,7 @@
 //! - [`handlers`]: one file per resource.
 //! - [`error`]: the one error shape, and the mapping of every lower layer's error to a status.
 //! - [`limits`]: bounds on what a destination may carry.
+//! - [`layers`]: what every request goes through first: its request id, its span, its timeout.
 //!
 //! Every error, including axum's own rejections (bad JSON, oversized bodies, unknown routes,
 //! wrong methods), is answered in that one shape.
@@ -16,6 +17,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod handlers;
+pub mod layers;
 pub mod limits;
 pub mod openapi;
 pub mod routes;
@@ -52,12 +54,13 @@ pub fn router(core: AppState) -> Router {
     let max_body = core.config.max_body_bytes;
     // The document depends on the configuration only, which does not change while running.
     let document = Arc::new(openapi::document(&core.config));
-    router
+    let timeout = core.config.request_timeout;
+    let router = router
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(Extension(document))
-        .with_state(core)
+        .layer(Extension(document));
+    layers::wrap(router, timeout).with_state(core)
 }
 
 async fn route_not_found() -> ApiError {

@@ -390,8 +390,12 @@ pub fn document(config: &Config) -> Value {
                 403,
                 "A tenant token used on an admin route, or for another tenant",
             ));
-            implied.push((503, "A store is unavailable; retry"));
         }
+        // Every route: a store may be down, and any request can outlast SHEAF_REQUEST_TIMEOUT.
+        implied.push((
+            503,
+            "A store is unavailable, or the request outlasted SHEAF_REQUEST_TIMEOUT; retry",
+        ));
         if path_params.contains(&"tenant_id") || route.access == Access::TenantBody {
             implied.push((404, "Unknown tenant or resource"));
         }

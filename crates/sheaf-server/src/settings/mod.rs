@@ -77,6 +77,15 @@ pub enum QueueKind {
     Postgres,
 }
 
+/// How log lines are written (`SHEAF_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// The retry policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryConfig {
@@ -157,6 +166,8 @@ pub struct Config {
     pub idempotency_window: Duration,
     /// `SHEAF_MAX_BODY_BYTES`.
     pub max_body_bytes: usize,
+    /// `SHEAF_REQUEST_TIMEOUT`.
+    pub request_timeout: Duration,
     /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
     pub allow_private_destinations: bool,
     /// `SHEAF_SECRET_ROTATION_GRACE`.
@@ -167,6 +178,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// `SHEAF_LOG`.
     pub log_filter: String,
+    /// `SHEAF_LOG_FORMAT`.
+    pub log_format: LogFormat,
     /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
     pub cdc: Option<CdcSettings>,
 }
@@ -251,11 +264,13 @@ impl Config {
             log_ship_interval: values.duration(&s::LOG_SHIP_INTERVAL)?,
             idempotency_window: values.duration(&s::IDEMPOTENCY_WINDOW)?,
             max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
+            request_timeout: values.duration(&s::REQUEST_TIMEOUT)?,
             allow_private_destinations: values.bool(&s::ALLOW_PRIVATE_DESTINATIONS)?,
             secret_rotation_grace: values.duration(&s::SECRET_ROTATION_GRACE)?,
             entity_cache_ttl: values.duration(&s::ENTITY_CACHE_TTL)?,
             shutdown_timeout: values.duration(&s::SHUTDOWN_TIMEOUT)?,
             log_filter: values.get(&s::LOG).unwrap_or_default(),
+            log_format: [LogFormat::Text, LogFormat::Json][values.choice(&s::LOG_FORMAT)?],
             cdc,
         })
     }

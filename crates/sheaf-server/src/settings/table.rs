@@ -474,6 +474,16 @@ pub const MAX_BODY_BYTES: Setting = setting(
     },
     "Largest accepted request body; larger ones get 413.",
 );
+/// `SHEAF_REQUEST_TIMEOUT`.
+pub const REQUEST_TIMEOUT: Setting = setting(
+    "SHEAF_REQUEST_TIMEOUT",
+    Some("30s"),
+    Kind::Duration {
+        min: SECOND,
+        max: Duration::from_secs(600),
+    },
+    "Longest the API spends on one request, reading its body included; past it the request is answered 503 `request_timeout`. A publish cut off this way may have been accepted already: publishing it again with the same `id` is safe.",
+);
 /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
 pub const ALLOW_PRIVATE_DESTINATIONS: Setting = setting(
     "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
@@ -636,6 +646,13 @@ pub const LOG: Setting = setting(
     Kind::Text("e.g. `info`, `sheaf_server=debug,info`"),
     "Log filter for the service's own log lines (tracing `EnvFilter` syntax).",
 );
+/// `SHEAF_LOG_FORMAT`.
+pub const LOG_FORMAT: Setting = setting(
+    "SHEAF_LOG_FORMAT",
+    Some("text"),
+    Kind::OneOf(&["text", "json"]),
+    "How log lines are written to standard error: `text` for people, `json` for log pipelines (one object per line: `timestamp`, `level`, `target`, the message and fields, and `span` with the current span's fields, such as an API request's `request_id`).",
+);
 
 /// Every setting the service reads, in the order `--help` and the docs list them.
 pub const SETTINGS: &[Setting] = &[
@@ -672,6 +689,7 @@ pub const SETTINGS: &[Setting] = &[
     LOG_SHIP_INTERVAL,
     IDEMPOTENCY_WINDOW,
     MAX_BODY_BYTES,
+    REQUEST_TIMEOUT,
     ALLOW_PRIVATE_DESTINATIONS,
     SECRETS_KEY,
     SECRET_ROTATION_GRACE,
@@ -690,6 +708,7 @@ pub const SETTINGS: &[Setting] = &[
     CDC_MAX_IN_FLIGHT,
     CDC_HEARTBEAT_INTERVAL,
     LOG,
+    LOG_FORMAT,
 ];
 
 #[cfg(test)]
