@@ -31,7 +31,8 @@ commands:
                      clickhouse, shutdown, cdc
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
                      stop or start the fault suite's own servers (its scenarios call this)
-  codegen            rewrite the generated parts of the docs (the settings table in docs/configuration.md)
+  codegen            rewrite the generated parts of the docs (the settings table in docs/configuration.md,
+                     the metrics table in docs/operations.md)
   ci                 cargo fmt --check, cargo clippy -D warnings, then `test`
 ";
 

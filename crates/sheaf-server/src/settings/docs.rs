@@ -47,8 +47,19 @@ pub fn configuration_table() -> String {
 
 /// `document` with its generated part replaced by `generated`; `None` when a marker is missing.
 pub fn with_generated_part(document: &str, generated: &str) -> Option<String> {
-    let begin = document.find(GENERATED_BEGIN)? + GENERATED_BEGIN.len();
-    let end = begin + document[begin..].find(GENERATED_END)?;
+    with_part_between(document, GENERATED_BEGIN, GENERATED_END, generated)
+}
+
+/// `document` with what lies between the lines `begin_marker` and `end_marker` replaced by
+/// `generated`; `None` when a marker is missing. Every generated part of the docs uses it.
+pub fn with_part_between(
+    document: &str,
+    begin_marker: &str,
+    end_marker: &str,
+    generated: &str,
+) -> Option<String> {
+    let begin = document.find(begin_marker)? + begin_marker.len();
+    let end = begin + document[begin..].find(end_marker)?;
     Some(format!(
         "{}\n{generated}{}",
         &document[..begin],

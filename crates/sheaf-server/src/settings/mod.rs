@@ -30,7 +30,7 @@ use std::time::Duration;
 use sheaf_coalesce::{LookupConfig, WriteConfig};
 
 pub use cdc::{CdcSettings, TableTenants};
-pub use docs::settings_help;
+pub use docs::{settings_help, with_part_between};
 pub use keys::{AdminKey, SecretsKey, TokenKey};
 pub use table::{Kind, SETTINGS, Setting};
 pub use values::{format_duration, parse_duration};

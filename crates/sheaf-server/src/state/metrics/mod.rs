@@ -261,5 +261,7 @@ impl Metrics {
     }
 }
 
+#[cfg(test)]
+mod docs;
 mod page;
 pub use page::{render, sample_value};

@@ -29,6 +29,11 @@ impl Writer {
         self.sample(name, "", value);
     }
 
+    fn seconds(&mut self, name: &str, help: &str, value: std::time::Duration) {
+        self.header(name, "counter", help);
+        self.sample(name, "", value.as_secs_f64());
+    }
+
     fn gauge(&mut self, name: &str, help: &str, value: impl std::fmt::Display) {
         self.header(name, "gauge", help);
         self.sample(name, "", value);
@@ -83,6 +88,14 @@ impl Writer {
             &format!("{prefix}_queries_saved_total"),
             &format!("Queries coalescing saved for {what} (keys answered minus queries sent)."),
             keys.saturating_sub(queries),
+        );
+        self.seconds(
+            &format!("{prefix}_wait_seconds_total"),
+            &format!(
+                "Time batches for {what} spent gathering keys before their query; divided by \
+                 batch queries, the mean wait."
+            ),
+            snap.lookup_wait,
         );
         self.batch_histogram(
             &format!("{prefix}_batch_size"),
@@ -348,6 +361,11 @@ pub fn render(
         "sheaf_log_write_bytes_total",
         "Bytes (JSON size) written to the log store.",
         write.bytes_written,
+    );
+    w.seconds(
+        "sheaf_log_write_wait_seconds_total",
+        "Time log store writes spent waiting for more rows (SHEAF_LOG_WRITE_MAX_WAIT_MS windows); divided by writes, the mean wait.",
+        write.write_wait,
     );
     let commit = sources.publish_commit.snapshot();
     w.counter(
