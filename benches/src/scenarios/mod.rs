@@ -6,6 +6,7 @@ mod cdc;
 mod cdc_service;
 mod delivery;
 mod delivery_queue;
+mod delivery_report;
 mod lookup;
 mod parts;
 mod queue;

@@ -11,6 +11,10 @@
 //!   bounded time for more, so a store that makes one part or statement per write
 //!   makes one per wait window, not one per hand-off.
 //! - [`Observer`] receives what both do; [`CoalesceMetrics`] counts it.
+//! - Each backend query runs in a `coalesced_lookup` span and each write in a
+//!   `coalesced_write` span (debug level), linked both ways (`follows_from`) with the span
+//!   every caller was in when it asked: a trace shows which query answered a caller and
+//!   whom one query answered. Without a subscriber that records them they cost nothing.
 //!
 //! Architecture invariant: this crate knows nothing about storage. Backends implement
 //! the two traits; the crate depends on Tokio, thiserror and tracing only.

@@ -541,6 +541,7 @@ async fn run_query<L: BatchLookup>(backend: Arc<L>, observer: Arc<dyn Observer>,
     for (_, waiters) in &group {
         for waiter in waiters {
             span.follows_from(&waiter.span);
+            waiter.span.follows_from(&span);
         }
     }
     let started = Instant::now();

@@ -5,7 +5,7 @@
 //! `xtask/tests/tidy.rs` enforces it):
 //!
 //! ```text
-//!  settings  ←  state  ←  ingest    ←  http  ←  server.rs, main.rs
+//!  settings  ←  state  ←  ingest    ←  http  ←  server.rs, telemetry.rs, main.rs
 //!                      ←  delivery  ←
 //! ```
 //!
@@ -17,6 +17,7 @@
 //! - [`http`]: the API: routes, authentication, handlers, the OpenAPI document, the mapping of
 //!   every error to a status code.
 //! - [`server`]: start and graceful stop, used by the binary and by the tests.
+//! - [`telemetry`]: where log lines and, with `SHEAF_OTLP_ENDPOINT`, trace spans go.
 
 pub mod delivery;
 pub mod http;
@@ -24,6 +25,7 @@ pub mod ingest;
 pub mod server;
 pub mod settings;
 pub mod state;
+pub mod telemetry;
 
 pub use server::{Running, start, start_with};
 pub use settings::{Config, ConfigError, SETTINGS};

@@ -1,11 +1,10 @@
 //! `sheaf`: the binary. `sheaf serve` runs the service, `sheaf migrate` prepares the database
 //! schemas, `--help` lists every setting, `--version` prints the version.
 
-use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use sheaf_server::settings::{LogFormat, LogStoreKind, QueueKind, settings_help};
+use sheaf_server::settings::{LogStoreKind, QueueKind, settings_help};
 use sheaf_server::{Config, Migrate, Stores};
 
 fn usage() -> String {
@@ -55,39 +54,21 @@ fn try_main() -> anyhow::Result<()> {
         }
         "serve" | "migrate" => {
             let config = Config::from_env()?;
-            init_tracing(&config.log_filter, config.log_format)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the tokio runtime")?;
-            if command == "serve" {
+            let telemetry = sheaf_server::telemetry::init(&config, runtime.handle().clone())?;
+            let result = if command == "serve" {
                 runtime.block_on(serve(config))
             } else {
                 runtime.block_on(migrate(config))
-            }
+            };
+            telemetry.shutdown();
+            result
         }
         other => anyhow::bail!("unknown command {other:?}; see `sheaf --help`"),
     }
-}
-
-fn init_tracing(filter: &str, format: LogFormat) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .map_err(|e| anyhow::anyhow!("invalid SHEAF_LOG: {e}"))?;
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        // The event's fields at the top level beside the message; `span` holds the innermost
-        // span's fields (an API request's method, path and request id).
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
-    }
-    Ok(())
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {

@@ -46,6 +46,12 @@ fn an_invalid_setting_stops_start_up_and_names_the_setting() {
         ),
         ("SHEAF_LOG_STORE", "cassandra", "invalid SHEAF_LOG_STORE"),
         (
+            "SHEAF_OTLP_ENDPOINT",
+            "grpc://collector:4317",
+            "invalid SHEAF_OTLP_ENDPOINT: \"grpc://collector:4317\" must be an http:// or https:// URL",
+        ),
+        ("SHEAF_LOG_FORMAT", "xml", "invalid SHEAF_LOG_FORMAT"),
+        (
             "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
             "maybe",
             "invalid SHEAF_ALLOW_PRIVATE_DESTINATIONS",

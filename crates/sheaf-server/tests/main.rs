@@ -4,6 +4,7 @@
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
 //! - `observability`: request ids, the request timeout, JSON logs.
+//! - `traces`: OpenTelemetry spans received by an OTLP collector in the test, and `traceparent`.
 //! - `binary`: the `sheaf` binary's help, version, configuration errors and the docs' table.
 //! - `shared`: Postgres and ClickHouse configurations, and two `sheaf` processes sharing them.
 //! - `cdc`: the CDC source on the real Postgres, in process and through the binary killed mid-stream.
@@ -23,3 +24,4 @@ mod security;
 mod shared;
 mod signatures;
 mod support;
+mod traces;

@@ -128,6 +128,7 @@ impl Sender {
         event_id: &EventId,
         body: Vec<u8>,
         now: Timestamp,
+        trace: Vec<(HeaderName, HeaderValue)>,
     ) -> Delivered {
         let timestamp = now.as_micros().div_euclid(1_000_000);
         let signature = sign(
@@ -152,6 +153,10 @@ impl Sender {
         headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
         if let Ok(v) = HeaderValue::from_str(&signature) {
             headers.insert("webhook-signature", v);
+        }
+        // `traceparent` (and `tracestate`) of this attempt's span, outside the signed content.
+        for (name, value) in trace {
+            headers.insert(name, value);
         }
         let started = Instant::now();
         if self.guard {

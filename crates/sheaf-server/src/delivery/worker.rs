@@ -14,6 +14,7 @@ use sheaf_store::{
 };
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::webhook::{Delivered, Sender};
 use super::{Outcome, Turn};
@@ -23,6 +24,7 @@ use crate::state::handoff::Dispatched;
 use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{DeliveryOutcome, Metrics};
+use crate::state::trace::{record_ids, trace_headers};
 
 /// How often a failed attempt write is tried before the worker gives up on logging it.
 const ATTEMPT_WRITE_TRIES: u32 = 3;
@@ -49,10 +51,11 @@ pub(super) async fn run(
             }
         };
         let Some(dispatched) = next else { break };
+        let span = attempt_span(&core, &dispatched).await;
         let outcome = tokio::select! {
             biased;
             () = abort.cancelled() => break,
-            outcome = handle(&core, &sender, dispatched) => outcome,
+            outcome = handle(&core, &sender, dispatched).instrument(span) => outcome,
         };
         if let Some(outcome) = outcome
             && outcomes.send(outcome).await.is_err()
@@ -60,6 +63,37 @@ pub(super) async fn run(
             break;
         }
     }
+}
+
+/// The span of one job's turn, while spans are exported: a child of its publish's span when
+/// this process still has that context (`state::trace`), else the root of a trace of its own.
+/// Its lookups link to the batches that answered them.
+async fn attempt_span(core: &Core, dispatched: &Dispatched) -> tracing::Span {
+    let Some(traces) = &core.traces else {
+        return tracing::Span::none();
+    };
+    let job = &dispatched.claimed.job;
+    let span = tracing::info_span!(
+        parent: None,
+        "deliver",
+        tenant_id = %job.tenant_id,
+        event_id = %job.event_id,
+        destination_id = %job.destination_id,
+        attempt = job.attempt_number,
+        http.response.status_code = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        otel.kind = "client",
+    );
+    let key = EventKey {
+        tenant_id: job.tenant_id.clone(),
+        event_id: job.event_id.clone(),
+    };
+    traces.continue_in(&key, &span).await;
+    record_ids(&span);
+    span
 }
 
 /// A short reschedule that does not count as an attempt.
@@ -218,8 +252,24 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
 
     let body = serde_json::to_vec(data.value()).unwrap_or_else(|_| b"null".to_vec());
     let now = Timestamp::now();
-    let delivered = sender.deliver(&destination, &job.event_id, body, now).await;
+    let span = tracing::Span::current();
+    let trace = trace_headers(&span);
+    let delivered = sender
+        .deliver(&destination, &job.event_id, body, now, trace)
+        .await;
     core.metrics.attempt_latency(delivered.elapsed);
+    if let Some(code) = delivered.code {
+        span.record("http.response.status_code", code);
+    }
+    span.record("duration_ms", delivered.elapsed.as_millis() as u64);
+    span.record(
+        "outcome",
+        if delivered.success {
+            "success"
+        } else {
+            "failed"
+        },
+    );
     if job.attempt_number > 1 && !manual {
         Metrics::inc(&core.metrics.retries);
     }

@@ -5,7 +5,8 @@
 //!   otherwise, and the response carries it back, whatever its status.
 //! - **Span**: one `request` span per request with its method, path and request id, so every
 //!   log line written while handling it names the request (`SHEAF_LOG_FORMAT=json` puts them in
-//!   the line's `span`). tower-http's own per-request lines are at debug level under the
+//!   the line's `span`). With `SHEAF_OTLP_ENDPOINT` it is exported, continues the trace of the
+//!   request's `traceparent`, and carries its `trace_id` and `span_id` for the log lines too. tower-http's own per-request lines are at debug level under the
 //!   `tower_http` target; its line per 5xx answer is off, because during a store outage every
 //!   publish answers 503 and the outage is already logged once where it is found.
 //! - **Timeout** (`SHEAF_REQUEST_TIMEOUT`): a request still unanswered when it expires, reading
@@ -23,16 +24,18 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::http::error::ApiError;
+use crate::state::trace::{continue_from_headers, record_ids};
 
 /// The header that carries the request id, both ways.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Wraps `router` in the layers above, the request id outermost so that every answer, the
 /// timeout's included, carries it.
-pub fn wrap<S>(router: Router<S>, timeout: Duration) -> Router<S>
+pub fn wrap<S>(router: Router<S>, timeout: Duration, traced: bool) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
 {
+    let span = move |request: &Request<_>| request_span(request, traced);
     router
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -41,25 +44,35 @@ where
         .layer(axum::middleware::map_response(shape_timeout))
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(request_span)
+                .make_span_with(span)
                 .on_failure(()),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
 }
 
-fn request_span<B>(request: &Request<B>) -> tracing::Span {
+/// The request's span. While spans are exported it continues the trace of the request's
+/// `traceparent`, if it has one, and names its trace id for the log lines written in it.
+fn request_span<B>(request: &Request<B>, traced: bool) -> tracing::Span {
     let id = request
         .headers()
         .get(&REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "request",
         method = %request.method(),
         path = %request.uri().path(),
         request_id = %id,
-    )
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        otel.kind = "server",
+    );
+    if traced {
+        continue_from_headers(&span, request.headers());
+        record_ids(&span);
+    }
+    span
 }
 
 /// The timeout layer answers with its status and an empty body; every answer of the API itself

@@ -55,12 +55,13 @@ pub fn router(core: AppState) -> Router {
     // The document depends on the configuration only, which does not change while running.
     let document = Arc::new(openapi::document(&core.config));
     let timeout = core.config.request_timeout;
+    let traced = core.traces.is_some();
     let router = router
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(Extension(document));
-    layers::wrap(router, timeout).with_state(core)
+    layers::wrap(router, timeout, traced).with_state(core)
 }
 
 async fn route_not_found() -> ApiError {

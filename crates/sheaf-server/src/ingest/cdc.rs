@@ -43,6 +43,7 @@ use crate::settings::{CdcSettings, TableTenants};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::metrics::{CdcMetrics, CdcState, Metrics};
+use tracing::Instrument as _;
 
 /// Waits before the stream is started again after an error: 1 s doubling to 30 s, so a
 /// database that is down is tried twice a minute.
@@ -333,15 +334,27 @@ impl Session<'_> {
             }
         }
         let metrics = &self.core.metrics.cdc;
-        for (tenant, events) in groups {
-            let published = publish_events(self.core, tenant, events)
-                .await
-                .map_err(|e| format!("tenant {tenant}: {e}"))?;
-            let repeats = published.iter().filter(|p| p.repeat).count();
-            Metrics::add(&metrics.event_repeats, repeats);
-            Metrics::add(&metrics.events_published, published.len() - repeats);
+        // One span per replicated batch, naming the WAL it covers; its publishes are children.
+        let span = tracing::info_span!(
+            "cdc_batch",
+            slot = %slot,
+            changes = changes.len(),
+            first_lsn = %changes.first().map(|c| c.lsn.to_string()).unwrap_or_default(),
+            last_lsn = %changes.last().map(|c| c.lsn.to_string()).unwrap_or_default(),
+        );
+        async {
+            for (tenant, events) in groups {
+                let published = publish_events(self.core, tenant, events)
+                    .await
+                    .map_err(|e| format!("tenant {tenant}: {e}"))?;
+                let repeats = published.iter().filter(|p| p.repeat).count();
+                Metrics::add(&metrics.event_repeats, repeats);
+                Metrics::add(&metrics.events_published, published.len() - repeats);
+            }
+            Ok(())
         }
-        Ok(())
+        .instrument(span)
+        .await
     }
 }
 

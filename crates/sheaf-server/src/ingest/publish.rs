@@ -33,6 +33,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument as _;
+
 use sheaf_store::{
     AttemptKey, Destination, Event, EventId, EventKey, Intake, Job, Payload, TenantId, Timestamp,
     validate_topic,
@@ -141,12 +143,38 @@ pub async fn publish_events(
     tenant_id: &TenantId,
     events: Vec<NewEvent>,
 ) -> Result<Vec<Published>, PublishError> {
+    // Traced only while spans are exported: a disabled span costs nothing.
+    let span = match core.traces {
+        Some(_) => tracing::info_span!("publish", tenant_id = %tenant_id, events = events.len()),
+        None => tracing::Span::none(),
+    };
+    publish_in_span(core, tenant_id, events)
+        .instrument(span)
+        .await
+}
+
+async fn publish_in_span(
+    core: &Arc<Core>,
+    tenant_id: &TenantId,
+    events: Vec<NewEvent>,
+) -> Result<Vec<Published>, PublishError> {
     for event in &events {
         validate_topic(&event.topic)?;
     }
     let entry = core.entities.get(tenant_id).await?;
     if entry.tenant.is_none() {
         return Err(PublishError::UnknownTenant(tenant_id.as_str().to_owned()));
+    }
+    // Before anything can deliver them: the deliveries' spans continue this publish's trace.
+    if let Some(traces) = &core.traces {
+        for event in &events {
+            traces
+                .remember(EventKey {
+                    tenant_id: tenant_id.clone(),
+                    event_id: event.id.clone(),
+                })
+                .await;
+        }
     }
     if let Some(intake) = &core.intake {
         return publish_durably(core, intake, tenant_id, &entry.destinations, events).await;
@@ -246,9 +274,20 @@ pub async fn publish_events(
             counts.push(jobs.len() - before);
         }
         if !jobs.is_empty() {
-            core.stores.queue.enqueue(&jobs).await.map_err(|e| {
-                PublishError::Unavailable(format!("could not enqueue deliveries: {e}"))
-            })?;
+            // A child of the publish, while spans are exported (the Postgres queue's enqueue is
+            // part of the group commit's `coalesced_write` instead).
+            let span = match core.traces {
+                Some(_) => tracing::info_span!("enqueue", jobs = jobs.len()),
+                None => tracing::Span::none(),
+            };
+            core.stores
+                .queue
+                .enqueue(&jobs)
+                .instrument(span)
+                .await
+                .map_err(|e| {
+                    PublishError::Unavailable(format!("could not enqueue deliveries: {e}"))
+                })?;
             core.wake.notify_one();
         }
         Metrics::add(&core.metrics.events_published, fresh.len());

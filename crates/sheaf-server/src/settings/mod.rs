@@ -180,6 +180,10 @@ pub struct Config {
     pub log_filter: String,
     /// `SHEAF_LOG_FORMAT`.
     pub log_format: LogFormat,
+    /// `SHEAF_OTLP_ENDPOINT`: where traces go; `None`, no traces.
+    pub otlp_endpoint: Option<String>,
+    /// `SHEAF_OTLP_SAMPLE_PERCENT`.
+    pub otlp_sample_percent: u32,
     /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
     pub cdc: Option<CdcSettings>,
 }
@@ -271,6 +275,8 @@ impl Config {
             shutdown_timeout: values.duration(&s::SHUTDOWN_TIMEOUT)?,
             log_filter: values.get(&s::LOG).unwrap_or_default(),
             log_format: [LogFormat::Text, LogFormat::Json][values.choice(&s::LOG_FORMAT)?],
+            otlp_endpoint: parse_otlp_endpoint(&values)?,
+            otlp_sample_percent: values.u32(&s::OTLP_SAMPLE_PERCENT)?,
             cdc,
         })
     }
@@ -415,4 +421,23 @@ fn check_lease(queue_lease: Duration, delivery_timeout: Duration) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// `SHEAF_OTLP_ENDPOINT`: an `http` or `https` URL without a query, kept without its trailing
+/// slash (the exporter appends `/v1/traces`).
+fn parse_otlp_endpoint(values: &Values) -> Result<Option<String>, ConfigError> {
+    let Some(raw) = values.optional(&s::OTLP_ENDPOINT) else {
+        return Ok(None);
+    };
+    let fail = |m: String| ConfigError::new(s::OTLP_ENDPOINT.name, m);
+    let url = reqwest::Url::parse(&raw).map_err(|e| fail(format!("{raw:?} is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(fail(format!(
+            "{raw:?} must be an http:// or https:// URL with a host"
+        )));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(fail(format!("{raw:?} must not have a query or a fragment")));
+    }
+    Ok(Some(raw.trim_end_matches('/').to_owned()))
 }

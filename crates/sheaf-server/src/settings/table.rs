@@ -654,6 +654,22 @@ pub const LOG_FORMAT: Setting = setting(
     "How log lines are written to standard error: `text` for people, `json` for log pipelines (one object per line: `timestamp`, `level`, `target`, the message and fields, and `span` with the current span's fields, such as an API request's `request_id`).",
 );
 
+/// `SHEAF_OTLP_ENDPOINT`.
+pub const OTLP_ENDPOINT: Setting = setting(
+    "SHEAF_OTLP_ENDPOINT",
+    None,
+    Kind::Text("`http(s)://host:port` of an OTLP/HTTP collector"),
+    "Where OpenTelemetry traces are sent, over OTLP/HTTP with protobuf bodies (to `<endpoint>/v1/traces`, as `OTEL_EXPORTER_OTLP_ENDPOINT` would): a span per API request and publish, per group commit and coalesced log write or lookup (linked from every publish or delivery it served), per delivery attempt and per CDC batch, and a `traceparent` header on every webhook. Unset: no spans are exported and nothing is kept for them.",
+);
+
+/// `SHEAF_OTLP_SAMPLE_PERCENT`.
+pub const OTLP_SAMPLE_PERCENT: Setting = setting(
+    "SHEAF_OTLP_SAMPLE_PERCENT",
+    Some("100"),
+    Kind::Integer { min: 0, max: 100 },
+    "With SHEAF_OTLP_ENDPOINT: the share of new traces recorded and exported, chosen by trace id. A request whose `traceparent` says whether its trace is sampled is followed in that; the deliveries of an event follow its publish. Exporting every trace costs about a third of the memory backends' throughput at saturation (docs/benchmarks.md, `delivery`).",
+);
+
 /// Every setting the service reads, in the order `--help` and the docs list them.
 pub const SETTINGS: &[Setting] = &[
     CONFIG_FILE,
@@ -709,6 +725,8 @@ pub const SETTINGS: &[Setting] = &[
     CDC_HEARTBEAT_INTERVAL,
     LOG,
     LOG_FORMAT,
+    OTLP_ENDPOINT,
+    OTLP_SAMPLE_PERCENT,
 ];
 
 #[cfg(test)]

@@ -81,6 +81,7 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_CDC_PUBLICATION", "other_pub"),
     ("SHEAF_CDC_TENANTS", "acme"),
     ("SHEAF_LOG", "debug"),
+    ("SHEAF_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
 ];
 
 /// Settings that act only together with another one.

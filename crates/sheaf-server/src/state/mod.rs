@@ -12,6 +12,8 @@
 //! - [`jobs`]: how delivery job ids are derived, and how a manual retry's job is told apart.
 //! - [`metrics`]: the counters and the Prometheus page.
 //! - [`backoff`]: the one rule for waiting between tries of a failed call.
+//! - [`trace`]: W3C trace context in and out, and the publishes' contexts kept for their
+//!   deliveries (with `SHEAF_OTLP_ENDPOINT`).
 
 pub mod backoff;
 pub mod entities;
@@ -23,6 +25,7 @@ pub mod metrics;
 pub mod secrets;
 mod shared;
 pub mod stores;
+pub mod trace;
 
 pub use shared::Core;
 pub use stores::{Migrate, Stores};

@@ -19,6 +19,7 @@ use crate::state::log_access::{
 use crate::state::metrics::{MetricSources, Metrics};
 use crate::state::secrets::SealedEntityStore;
 use crate::state::stores::Stores;
+use crate::state::trace::EventTraces;
 
 /// How long a freshly published event stays in the payload cache. Its first delivery
 /// normally starts within milliseconds; a backlog longer than this reads the log store.
@@ -57,6 +58,8 @@ pub struct Core {
     pub wake: Arc<Notify>,
     /// The workers' channel of claimed jobs, which the dispatcher and the group commit fill.
     pub jobs: Arc<JobChannel>,
+    /// Publishes' trace contexts for their deliveries' spans; only while traces are exported.
+    pub traces: Option<EventTraces>,
 }
 
 impl Core {
@@ -129,6 +132,10 @@ impl Core {
         };
 
         let entities = EntityCache::new(Arc::clone(&stores.entities), config.entity_cache_ttl);
+        let traces = config
+            .otlp_endpoint
+            .is_some()
+            .then(|| EventTraces::new(config.fresh_event_cache));
         Ok(Arc::new(Self {
             metric_sources: MetricSources {
                 service: Arc::clone(&metrics),
@@ -149,6 +156,7 @@ impl Core {
             metrics,
             wake,
             jobs,
+            traces,
         }))
     }
 
