@@ -69,6 +69,15 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The names of the exported spans `span` links to.
+fn linked_names<'a>(span: &Span, by_id: &HashMap<String, &'a Span>) -> Vec<&'a str> {
+    span.links
+        .iter()
+        .filter_map(|l| by_id.get(&hex(&l.span_id)))
+        .map(|s| s.name.as_str())
+        .collect()
+}
+
 fn attribute(span: &Span, key: &str) -> Option<String> {
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
     let value = span
@@ -162,12 +171,7 @@ async fn one_trace_runs_from_a_publish_to_its_deliveries_and_batches_are_linked(
             "{id}: publish is the request's child"
         );
         // The log write that carried it is one span, linked from the publish.
-        let write_links: Vec<&str> = publishes[0]
-            .links
-            .iter()
-            .filter_map(|l| by_id.get(&hex(&l.span_id)))
-            .map(|s| s.name.as_str())
-            .collect();
+        let write_links = linked_names(publishes[0], &by_id);
         assert!(
             write_links.contains(&"coalesced_write"),
             "{id}: the publish links to its coalesced write: {write_links:?}"
@@ -185,12 +189,7 @@ async fn one_trace_runs_from_a_publish_to_its_deliveries_and_batches_are_linked(
             assert_eq!(attribute(deliver, "event_id").as_deref(), Some(id.as_str()));
             if attribute(deliver, "attempt").as_deref() != Some("1") {
                 retries += 1;
-                let linked: Vec<&str> = deliver
-                    .links
-                    .iter()
-                    .filter_map(|l| by_id.get(&hex(&l.span_id)))
-                    .map(|s| s.name.as_str())
-                    .collect();
+                let linked = linked_names(deliver, &by_id);
                 assert!(
                     linked.contains(&"coalesced_lookup"),
                     "{id}: a retry links to the batch lookup that answered it: {linked:?}"
