@@ -35,6 +35,17 @@ pub(super) async fn run(core: Arc<Core>, jobs: mpsc::Sender<Dispatched>, stop: C
             }
             continue;
         }
+        // The slots are reserved before the claim, and each claimed job goes into its own:
+        // the group commit takes free slots for the jobs it leases at any moment, and a send
+        // that had to wait for one would wait forever at shutdown, when the workers stop
+        // taking jobs before the engine waits for this task.
+        let permits = match jobs.try_reserve_many(room) {
+            Ok(permits) => permits,
+            // The group commit took some since `capacity`: look again.
+            Err(mpsc::error::TrySendError::Full(())) => continue,
+            Err(mpsc::error::TrySendError::Closed(())) => break,
+        };
+        let room = permits.len();
         Metrics::inc(&core.metrics.claims);
         // Before the statement: a lease's age is never underestimated.
         let claimed_at = Instant::now();
@@ -51,23 +62,13 @@ pub(super) async fn run(core: Arc<Core>, jobs: mpsc::Sender<Dispatched>, stop: C
         };
         let got = claimed.len();
         Metrics::add(&core.metrics.jobs_claimed, got);
-        let mut refused = Vec::new();
-        for job in claimed {
-            // It claimed no more than the free slots, and the group commit sends only into
-            // slots it reserved: this does not wait.
-            if let Err(mpsc::error::SendError(d)) = jobs
-                .send(Dispatched {
-                    claimed: job,
-                    claimed_at,
-                })
-                .await
-            {
-                refused.push(d.claimed.lease);
-            }
-        }
-        if !refused.is_empty() {
-            let _ = core.stores.queue.release(&refused).await;
-            break;
+        // The claim returns no more jobs than it was asked for; unused permits free their
+        // slots when dropped.
+        for (job, permit) in claimed.into_iter().zip(permits) {
+            permit.send(Dispatched {
+                claimed: job,
+                claimed_at,
+            });
         }
         if got == room {
             // There may be more due: claim again as soon as there is room.
