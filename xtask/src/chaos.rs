@@ -20,8 +20,7 @@
 //! the PID of every `sheaf` it spawns; any still alive after it exits are stopped here, by PID.
 
 use crate::process::{
-    as_root, free_port, pid_alive, pid_cmdline, run_captured, run_step, state_dir, stop_pid,
-    target_dir, workspace_root,
+    pid_alive, pid_cmdline, run_captured, run_step, state_dir, stop_pid, target_dir, workspace_root,
 };
 use crate::services::{clickhouse, postgres};
 use anyhow::{Context, bail};
@@ -250,55 +249,26 @@ fn start_servers() -> anyhow::Result<Urls> {
 }
 
 fn chaos_cluster() -> anyhow::Result<Option<postgres::Cluster>> {
-    Ok(postgres::clusters()?
-        .into_iter()
-        .find(|c| c.version == postgres::VERSION && c.name == POSTGRES_CLUSTER))
+    postgres::named_cluster(POSTGRES_CLUSTER)
 }
 
 /// Creates the cluster once, starts it, and makes sure of `wal_level = logical`, the role and
 /// the database. Returns the URL the scenarios use.
 fn start_postgres() -> anyhow::Result<String> {
     postgres::ensure_installed()?;
-    let version = postgres::VERSION;
-    let cluster = match chaos_cluster()? {
-        Some(cluster) => cluster,
-        None => {
-            let port = free_port(POSTGRES_PREFERRED_PORT)?;
-            println!(
-                "xtask: creating postgres cluster {version}/{POSTGRES_CLUSTER} on port {port}"
-            );
-            // `manual`: nothing but this command starts it (not the machine's boot, not
-            // `pg_ctlcluster --all`), and `services up` never picks it.
-            run_captured(as_root("pg_createcluster").args([
-                version,
-                POSTGRES_CLUSTER,
-                "--port",
-                &port.to_string(),
-                "--start-conf",
-                "manual",
-            ]))?;
-            chaos_cluster()?.context("pg_createcluster ran but the cluster is not listed")?
-        }
-    };
-    if !cluster.online {
-        println!("xtask: starting postgres {version}/{POSTGRES_CLUSTER}");
-        run_captured(&mut cluster.ctl("start")).context(
-            "pg_ctlcluster could not start the fault suite's cluster; see /var/log/postgresql/",
-        )?;
-    }
-    cluster.wait_ready()?;
+    let cluster = postgres::own_cluster(POSTGRES_CLUSTER, POSTGRES_PREFERRED_PORT, &[])?;
+    cluster.start_if_down()?;
     if cluster.psql("postgres", "SHOW wal_level")? != "logical" {
         cluster.psql("postgres", "ALTER SYSTEM SET wal_level = logical")?;
-        println!("xtask: restarting postgres {version}/{POSTGRES_CLUSTER} for wal_level = logical");
+        println!(
+            "xtask: restarting postgres {}/{POSTGRES_CLUSTER} for wal_level = logical",
+            postgres::VERSION
+        );
         run_captured(cluster.ctl("restart").args(["--", "-m", "fast"]))?;
         cluster.wait_ready()?;
     }
     cluster.ensure_role_and_database(DATABASE)?;
-    let (role, password) = (postgres::ROLE, postgres::PASSWORD);
-    Ok(format!(
-        "postgres://{role}:{password}@127.0.0.1:{}/{DATABASE}",
-        cluster.port
-    ))
+    Ok(cluster.url(DATABASE))
 }
 
 /// Starts the fault suite's ClickHouse on the port it had before (the first time: a free one,
@@ -306,12 +276,7 @@ fn start_postgres() -> anyhow::Result<String> {
 fn start_clickhouse() -> anyhow::Result<String> {
     let instance = clickhouse_instance();
     let up = clickhouse::up_in(&instance)?;
-    let port: u16 = up
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("clickhouse's URL has no port")?;
+    let port = up.port;
     match recorded_clickhouse_port() {
         Some(recorded) if recorded != port => {
             clickhouse::down_in(&instance)?;

@@ -18,7 +18,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  services up        start Postgres (wal_level = logical) and ClickHouse, write target/xtask/services.env
+  services up        start Postgres (wal_level = logical, TLS on), a Postgres with TLS off, ClickHouse and
+                     its HTTPS front, with test certificates in ~/.cache/sheaf/tls; write target/xtask/services.env
   services down      stop what `services up` started, by PID
   services status    show what is running and whether xtask started it
   test [ARGS…]       services up, every test of the workspace, `bench all --quick`, services down (ARGS go to the test runner)

@@ -162,6 +162,20 @@ pub fn pid_cmdline(pid: u32) -> Option<String> {
     )
 }
 
+/// The number in a small state file (a PID, a port), if the file exists and holds one.
+pub fn read_number<T: std::str::FromStr>(path: &Path) -> Option<T> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The PID recorded in `pid_file`, if that process is alive and still ours: its command line
+/// contains `marker` (a path only our process has), so a PID the kernel reused for something
+/// else is never signalled.
+pub fn recorded_pid(pid_file: &Path, marker: &Path) -> Option<u32> {
+    let pid: u32 = read_number(pid_file)?;
+    let cmdline = pid_cmdline(pid)?;
+    (pid_alive(pid) && cmdline.contains(&*marker.to_string_lossy())).then_some(pid)
+}
+
 /// Sends a signal to one process by PID, with the `kill` utility.
 pub fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     run_captured(

@@ -10,6 +10,13 @@
 //! server has proved nothing. [`unique_name`] gives every run its own schema or database, and
 //! [`without_sheaf_env`] keeps the caller's own `SHEAF_*` settings away from a `sheaf` it starts.
 //!
+//! For the TLS suites, `services up` also passes the test certificates it keeps in
+//! `~/.cache/sheaf/tls/` (the CA, an unrelated CA, and a server certificate and key for
+//! `127.0.0.1` and `localhost`: [`tls_files`]), the shared Postgres with
+//! `sslmode=verify-full` against that CA ([`postgres_tls_url`]), a Postgres with TLS off
+//! ([`postgres_notls_url`]), and ClickHouse over HTTPS ([`clickhouse_https_url`]); a missing
+//! one skips outside CI and fails under it, like the plain URLs.
+//!
 //! Behind features, so a suite compiles only what it uses (a module's name is its feature's,
 //! but for `cdc`):
 //! - `receiver`: `receiver::Receiver`, the loopback webhook receiver every delivery test,
@@ -40,6 +47,21 @@ pub mod receiver;
 pub const POSTGRES_URL_VAR: &str = "SHEAF_TEST_POSTGRES_URL";
 /// The variable that carries the ClickHouse HTTP URL.
 pub const CLICKHOUSE_URL_VAR: &str = "SHEAF_TEST_CLICKHOUSE_URL";
+/// The shared Postgres with `?sslmode=verify-full&sslrootcert=<the test CA>`, on 127.0.0.1.
+pub const POSTGRES_TLS_URL_VAR: &str = "SHEAF_TEST_POSTGRES_TLS_URL";
+/// A Postgres with `ssl = off` (a plain URL): a client that requires TLS must be refused.
+pub const POSTGRES_NOTLS_URL_VAR: &str = "SHEAF_TEST_POSTGRES_NOTLS_URL";
+/// The shared ClickHouse over HTTPS (`https://127.0.0.1:PORT`), certified by the test CA.
+pub const CLICKHOUSE_HTTPS_URL_VAR: &str = "SHEAF_TEST_CLICKHOUSE_HTTPS_URL";
+/// The test CA's certificate (PEM), which signed the test servers' certificate.
+pub const TLS_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_CA_FILE";
+/// A CA certificate (PEM) unrelated to the test servers, for "signed by a CA we do not trust".
+pub const TLS_OTHER_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_OTHER_CA_FILE";
+/// The test server certificate (PEM, for `IP:127.0.0.1` and `DNS:localhost`, signed by the test
+/// CA), for a test's own HTTPS server.
+pub const TLS_CERT_FILE_VAR: &str = "SHEAF_TEST_TLS_CERT_FILE";
+/// The test server certificate's private key (PEM, EC P-256, unencrypted).
+pub const TLS_KEY_FILE_VAR: &str = "SHEAF_TEST_TLS_KEY_FILE";
 /// The Python interpreter of xtask's virtual environment (has `standardwebhooks`).
 pub const PYTHON_VAR: &str = "SHEAF_TEST_PYTHON";
 
@@ -91,6 +113,74 @@ pub fn clickhouse_url(test: &str) -> Option<String> {
     server_url(CLICKHOUSE_URL_VAR, test)
 }
 
+/// The shared Postgres over verified TLS, or `None` (skip) outside CI. See [`server_url`].
+pub fn postgres_tls_url(test: &str) -> Option<String> {
+    server_url(POSTGRES_TLS_URL_VAR, test)
+}
+
+/// The Postgres with TLS off, or `None` (skip) outside CI. See [`server_url`].
+pub fn postgres_notls_url(test: &str) -> Option<String> {
+    server_url(POSTGRES_NOTLS_URL_VAR, test)
+}
+
+/// The ClickHouse HTTPS URL, or `None` (skip) outside CI. See [`server_url`].
+pub fn clickhouse_https_url(test: &str) -> Option<String> {
+    server_url(CLICKHOUSE_HTTPS_URL_VAR, test)
+}
+
+/// The test CA's PEM file, or `None` (skip) outside CI.
+///
+/// # Panics
+/// Under CI, when the variable is missing.
+pub fn tls_ca_file(test: &str) -> Option<String> {
+    required_var(TLS_CA_FILE_VAR, "the test certificates", test)
+}
+
+/// The unrelated CA's PEM file, or `None` (skip) outside CI. See [`tls_ca_file`].
+pub fn tls_other_ca_file(test: &str) -> Option<String> {
+    required_var(TLS_OTHER_CA_FILE_VAR, "the test certificates", test)
+}
+
+/// The test server certificate's PEM file, or `None` (skip) outside CI. See [`tls_ca_file`].
+pub fn tls_cert_file(test: &str) -> Option<String> {
+    required_var(TLS_CERT_FILE_VAR, "the test certificates", test)
+}
+
+/// The test server key's PEM file, or `None` (skip) outside CI. See [`tls_ca_file`].
+pub fn tls_key_file(test: &str) -> Option<String> {
+    required_var(TLS_KEY_FILE_VAR, "the test certificates", test)
+}
+
+/// The paths of the test certificates, all four together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The test CA (PEM), which signed `cert`.
+    pub ca: String,
+    /// An unrelated CA (PEM).
+    pub other_ca: String,
+    /// The server certificate (PEM) for `127.0.0.1` and `localhost`.
+    pub cert: String,
+    /// Its private key (PEM).
+    pub key: String,
+}
+
+/// All four test certificate files, or `None` (skip, with a printed line for each missing
+/// variable) outside CI. See [`tls_ca_file`].
+pub fn tls_files(test: &str) -> Option<TlsFiles> {
+    let (ca, other_ca, cert, key) = (
+        tls_ca_file(test),
+        tls_other_ca_file(test),
+        tls_cert_file(test),
+        tls_key_file(test),
+    );
+    Some(TlsFiles {
+        ca: ca?,
+        other_ca: other_ca?,
+        cert: cert?,
+        key: key?,
+    })
+}
+
 /// The Python of xtask's virtual environment (with `standardwebhooks` and `schemathesis`), or
 /// `None` (skip) outside CI; under CI a missing interpreter panics, as a missing server does.
 pub fn python(test: &str) -> Option<String> {
@@ -131,6 +221,20 @@ macro_rules! require_python {
             None => return,
         }
     };
+}
+
+/// `url` with its query parameter `key` set to `value`, in place of any it had: the TLS
+/// tests' variations of one server's URL (`sslmode`, `sslrootcert`).
+pub fn with_query_param(url: &str, key: &str, value: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let prefix = format!("{key}=");
+    let mut pairs: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with(&prefix))
+        .collect();
+    let set = format!("{key}={value}");
+    pairs.push(&set);
+    format!("{base}?{}", pairs.join("&"))
 }
 
 /// A name no other run uses, for a schema, database or table prefix: `prefix_` and

@@ -7,7 +7,7 @@
 //! with a query that sleeps. The entry point is not a public API, hence the pin.
 
 use crate::process::{
-    apt_install, free_port, http_get, on_path, output_of, pid_alive, pid_cmdline, run_visible,
+    apt_install, free_port, http_get, on_path, output_of, read_number, recorded_pid, run_visible,
     state_dir, stop_pid,
 };
 use anyhow::{Context, bail};
@@ -29,6 +29,8 @@ const PREFERRED_PORT: u16 = 18123;
 
 pub struct Up {
     pub url: String,
+    /// The HTTP port (also in `url`), for the HTTPS front and the fault suite.
+    pub port: u16,
     pub started: bool,
 }
 
@@ -67,7 +69,7 @@ impl Instance {
 }
 
 /// The cache folder that outlives `target/`: `$SHEAF_CACHE_DIR`, else `$XDG_CACHE_HOME/sheaf`, else `~/.cache/sheaf`.
-fn cache_dir() -> PathBuf {
+pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("SHEAF_CACHE_DIR") {
         return PathBuf::from(dir);
     }
@@ -234,22 +236,11 @@ engine.query(
 
 /// The PID of our running server, if the recorded process is still ours.
 pub fn running_pid(instance: &Instance) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(instance.pid_file())
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmdline = pid_cmdline(pid)?;
-    let launcher = instance.launcher().to_string_lossy().into_owned();
-    (pid_alive(pid) && cmdline.contains(&launcher)).then_some(pid)
+    recorded_pid(&instance.pid_file(), &instance.launcher())
 }
 
 fn recorded_port(instance: &Instance) -> Option<u16> {
-    std::fs::read_to_string(instance.port_file())
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    read_number(&instance.port_file())
 }
 
 fn ping(port: u16) -> bool {
@@ -266,6 +257,7 @@ pub fn up_in(instance: &Instance) -> anyhow::Result<Up> {
         if ping(port) {
             return Ok(Up {
                 url: format!("http://127.0.0.1:{port}"),
+                port,
                 started: false,
             });
         }
@@ -337,6 +329,7 @@ pub fn up_in(instance: &Instance) -> anyhow::Result<Up> {
     );
     Ok(Up {
         url: format!("http://127.0.0.1:{port}"),
+        port,
         started: true,
     })
 }

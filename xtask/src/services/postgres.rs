@@ -3,11 +3,21 @@
 //! Administrative SQL runs as the `postgres` OS user (peer authentication); the
 //! suites log in over TCP as the `sheaf` role (scram password, `LOGIN REPLICATION`),
 //! which Debian's default `pg_hba.conf` accepts from 127.0.0.1 for both normal and
-//! replication connections.
+//! replication connections. Its lines are of type `host`, which matches connections with
+//! and without TLS (only `hostssl` and `hostnossl` lines choose), so the same rules serve
+//! plain URLs and `sslmode=verify-full` ones; nothing is added to it.
+//!
+//! Two clusters: the shared one (`15/main`) serves TLS with the test server certificate
+//! (`tls.rs`) beside plain connections; `15/sheaf_notls`, small and created once, has
+//! `ssl = off`, so the suites can see a client that requires TLS refused by a server without it.
 
-use crate::process::{apt_install, as_root, on_path, output_of, run_captured, state_dir};
+use super::tls;
+use crate::process::{
+    apt_install, as_root, on_path, output_of, port_in_use, run_captured, state_dir,
+};
 use anyhow::{Context, bail};
-use std::path::PathBuf;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -16,6 +26,15 @@ pub const ROLE: &str = "sheaf";
 // A throwaway credential for a loopback-only test role, not a secret.
 pub const PASSWORD: &str = "sheaf";
 const DATABASE: &str = "sheaf_test";
+
+/// The cluster with TLS off, and the port tried first when it is created.
+pub const NOTLS_CLUSTER: &str = "sheaf_notls";
+const NOTLS_PREFERRED_PORT: u16 = 15434;
+
+/// The shared cluster's copies of the test server certificate and key, in its data directory
+/// (which only the `postgres` OS user can read).
+const TLS_CERT_NAME: &str = "sheaf-test-server.pem";
+const TLS_KEY_NAME: &str = "sheaf-test-server.key";
 
 pub struct Up {
     pub url: String,
@@ -81,6 +100,30 @@ impl Cluster {
         }
     }
 
+    /// Starts the cluster unless it is online; `Ok(true)` when this call started it.
+    pub fn start_if_down(&self) -> anyhow::Result<bool> {
+        let started = !self.online;
+        if started {
+            println!("xtask: starting postgres {}/{}", self.version, self.name);
+            run_captured(&mut self.ctl("start")).with_context(|| {
+                format!(
+                    "pg_ctlcluster could not start {}/{}; is port {} in use? see /var/log/postgresql/",
+                    self.version, self.name, self.port
+                )
+            })?;
+        }
+        self.wait_ready()?;
+        Ok(started)
+    }
+
+    /// The URL the suites log in with, as the `sheaf` role over loopback TCP.
+    pub fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://{ROLE}:{PASSWORD}@127.0.0.1:{}/{database}",
+            self.port
+        )
+    }
+
     /// Creates the `sheaf` role (`LOGIN REPLICATION`) and `database` owned by it, unless they exist.
     pub fn ensure_role_and_database(&self, database: &str) -> anyhow::Result<()> {
         self.psql(
@@ -107,8 +150,13 @@ impl Cluster {
     }
 }
 
+/// Marker files: the PID of a postmaster `up` started, so `down` stops that one and nothing else.
 fn marker() -> PathBuf {
     state_dir().join("postgres.started")
+}
+
+fn notls_marker() -> PathBuf {
+    state_dir().join("postgres-notls.started")
 }
 
 pub fn clusters() -> anyhow::Result<Vec<Cluster>> {
@@ -133,17 +181,59 @@ pub fn clusters() -> anyhow::Result<Vec<Cluster>> {
 }
 
 /// The cluster the suites use: `15/main` when it exists, else the first 15 cluster that is
-/// not the fault suite's own (`cargo xtask chaos` stops and restarts that one).
+/// none of xtask's own (`cargo xtask chaos` stops and restarts its one; the other has TLS off).
 fn find_cluster() -> anyhow::Result<Option<Cluster>> {
+    let own = [crate::chaos::POSTGRES_CLUSTER, NOTLS_CLUSTER];
     let mut all: Vec<Cluster> = clusters()?
         .into_iter()
-        .filter(|c| c.version == VERSION && c.name != crate::chaos::POSTGRES_CLUSTER)
+        .filter(|c| c.version == VERSION && !own.contains(&c.name.as_str()))
         .collect();
     let main = all.iter().position(|c| c.name == "main");
     Ok(match main {
         Some(i) => Some(all.swap_remove(i)),
         None => all.into_iter().next(),
     })
+}
+
+/// The version-15 cluster called `name`, if it exists.
+pub fn named_cluster(name: &str) -> anyhow::Result<Option<Cluster>> {
+    Ok(clusters()?
+        .into_iter()
+        .find(|c| c.version == VERSION && c.name == name))
+}
+
+/// One of xtask's own clusters beside the shared one (the fault suite's, the TLS-off one):
+/// found by name, else created once with `pg_createcluster` on a port no other cluster has,
+/// with `options` (`guc=value`) in its `postgresql.conf`. `start.conf` is `manual`: nothing but
+/// xtask starts it (not the machine's boot, not `pg_ctlcluster --all`), and [`find_cluster`]
+/// never takes it for the shared one.
+pub fn own_cluster(name: &str, preferred_port: u16, options: &[&str]) -> anyhow::Result<Cluster> {
+    if let Some(cluster) = named_cluster(name)? {
+        return Ok(cluster);
+    }
+    // A stopped cluster does not listen, but its port is still its own.
+    let configured: Vec<u16> = clusters()?.iter().map(|c| c.port).collect();
+    let mut port = preferred_port;
+    while configured.contains(&port) || port_in_use(port) {
+        port = port
+            .checked_add(1)
+            .context("no free port for a postgres cluster")?;
+    }
+    println!("xtask: creating postgres cluster {VERSION}/{name} on port {port}");
+    let mut create = as_root("pg_createcluster");
+    create.args([
+        VERSION,
+        name,
+        "--port",
+        &port.to_string(),
+        "--start-conf",
+        "manual",
+    ]);
+    for option in options {
+        create.args(["--pgoption", option]);
+    }
+    run_captured(&mut create)?;
+    named_cluster(name)?.context("pg_createcluster ran but the cluster is not listed")
 }
 
 pub fn ensure_installed() -> anyhow::Result<()> {
@@ -158,7 +248,8 @@ pub fn ensure_installed() -> anyhow::Result<()> {
     .context("postgres 15 is not installed and installing it failed")
 }
 
-pub fn up() -> anyhow::Result<Up> {
+/// Starts the shared cluster unless it runs, with `wal_level = logical` and TLS on.
+pub fn up(tls: &tls::Files) -> anyhow::Result<Up> {
     ensure_installed()?;
     let cluster = match find_cluster()? {
         Some(c) => c,
@@ -169,18 +260,7 @@ pub fn up() -> anyhow::Result<Up> {
         }
     };
 
-    let mut started = false;
-    if !cluster.online {
-        println!(
-            "xtask: starting postgres {}/{}",
-            cluster.version, cluster.name
-        );
-        run_captured(&mut cluster.ctl("start")).context(
-            "pg_ctlcluster could not start the cluster; is the port in use? see /var/log/postgresql/",
-        )?;
-        started = true;
-    }
-    cluster.wait_ready()?;
+    let started = cluster.start_if_down()?;
 
     // Logical replication needs wal_level = logical, which only a restart applies.
     // pg_stat_statements is preloaded too so benchmarks can read per-statement cost.
@@ -223,27 +303,132 @@ pub fn up() -> anyhow::Result<Up> {
     // Remember the postmaster we are responsible for, so `down` stops that process
     // and nothing else. A second `up` keeps the first one's record.
     if started || (restart && marker().exists()) {
-        let pid = cluster
-            .postmaster_pid()
-            .context("no postmaster.pid after start")?;
-        std::fs::write(marker(), pid.to_string())?;
+        record_postmaster(&cluster, &marker())?;
     }
+    let url = cluster.url(DATABASE);
+    serve_tls(&cluster, tls, &url).context("cannot turn on TLS")?;
+    Ok(Up { url, started })
+}
 
+/// The shared cluster's URL that requires TLS and checks the server's certificate against the
+/// test CA and its name (`127.0.0.1`, which the certificate lists).
+pub fn tls_url(url: &str, ca: &Path) -> String {
+    let mut ca_param = String::new();
+    for &byte in ca.as_os_str().as_encoded_bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                ca_param.push(char::from(byte));
+            }
+            _ => {
+                let _ = write!(ca_param, "%{byte:02X}");
+            }
+        }
+    }
+    format!("{url}?sslmode=verify-full&sslrootcert={ca_param}")
+}
+
+/// Serves TLS with the test server certificate, on every `up`: the certificate may have been
+/// made again since the last one, and the `ssl*` settings and the files they name are read
+/// again on a reload, without a restart (plain connections are unaffected). Then checks that a
+/// client verifying against the test CA gets a TLS session.
+fn serve_tls(cluster: &Cluster, tls: &tls::Files, url: &str) -> anyhow::Result<()> {
+    let cert = cluster.data_dir.join(TLS_CERT_NAME);
+    let key = cluster.data_dir.join(TLS_KEY_NAME);
+    // Postgres refuses a key that its group or others may read; `install` sets owner and mode
+    // as it copies.
+    for (from, to, mode) in [(&tls.cert, &cert, "0644"), (&tls.key, &key, "0600")] {
+        run_captured(
+            as_root("install")
+                .args(["-o", "postgres", "-g", "postgres", "-m", mode])
+                .arg(from)
+                .arg(to),
+        )?;
+    }
+    let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+    for (name, value) in [
+        ("ssl", "on"),
+        ("ssl_cert_file", &cert),
+        ("ssl_key_file", &key),
+    ] {
+        if cluster.psql("postgres", &format!("SHOW {name}"))? != value {
+            cluster.psql("postgres", &format!("ALTER SYSTEM SET {name} = '{value}'"))?;
+        }
+    }
+    cluster.psql("postgres", "SELECT pg_reload_conf()")?;
+
+    // The reload happens in the postmaster a moment later; until then a new connection may
+    // still be served the old certificate, which verify-full rejects.
+    let tls_url = tls_url(url, &tls.ca);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = run_captured(
+            Command::new("psql")
+                .args(["-X", "-q", "-t", "-A"])
+                .arg(&tls_url)
+                .args([
+                    "-c",
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                ]),
+        );
+        match answer {
+            Ok(ssl) if ssl.trim() == "t" => return Ok(()),
+            Ok(other) if Instant::now() > deadline => {
+                bail!("a verify-full connection is not encrypted: pg_stat_ssl says {other:?}")
+            }
+            Err(err) if Instant::now() > deadline => {
+                return Err(err.context(format!(
+                    "postgres does not serve the test certificate 10 s after a reload; see /var/log/postgresql/postgresql-{}-{}.log",
+                    cluster.version, cluster.name
+                )));
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// Starts the TLS-off cluster unless it runs (creating it the first time).
+pub fn up_notls() -> anyhow::Result<Up> {
+    ensure_installed()?;
+    // Small: it only has to refuse TLS and accept a plain login.
+    let options = ["ssl=off", "shared_buffers=16MB", "max_connections=20"];
+    let cluster = own_cluster(NOTLS_CLUSTER, NOTLS_PREFERRED_PORT, &options)?;
+    let started = cluster.start_if_down()?;
+    if cluster.psql("postgres", "SHOW ssl")? != "off" {
+        cluster.psql("postgres", "ALTER SYSTEM SET ssl = off")?;
+        cluster.psql("postgres", "SELECT pg_reload_conf()")?;
+    }
+    cluster.ensure_role_and_database(DATABASE)?;
+    if started {
+        record_postmaster(&cluster, &notls_marker())?;
+    }
     Ok(Up {
-        url: format!(
-            "postgres://{ROLE}:{PASSWORD}@127.0.0.1:{}/{DATABASE}",
-            cluster.port
-        ),
+        url: cluster.url(DATABASE),
         started,
     })
 }
 
+fn record_postmaster(cluster: &Cluster, marker: &Path) -> anyhow::Result<()> {
+    let pid = cluster
+        .postmaster_pid()
+        .context("no postmaster.pid after start")?;
+    std::fs::write(marker, pid.to_string())?;
+    Ok(())
+}
+
 pub fn down() -> anyhow::Result<()> {
-    let Ok(recorded) = std::fs::read_to_string(marker()) else {
-        return Ok(()); // xtask did not start Postgres: leave it alone.
+    stop_if_ours(find_cluster()?, &marker())
+}
+
+pub fn down_notls() -> anyhow::Result<()> {
+    stop_if_ours(named_cluster(NOTLS_CLUSTER)?, &notls_marker())
+}
+
+/// Stops `cluster` if its postmaster is the one `marker` recorded.
+fn stop_if_ours(cluster: Option<Cluster>, marker: &Path) -> anyhow::Result<()> {
+    let Ok(recorded) = std::fs::read_to_string(marker) else {
+        return Ok(()); // xtask did not start it: leave it alone.
     };
     let recorded: u32 = recorded.trim().parse().unwrap_or(0);
-    let cluster = find_cluster()?;
     if let Some(cluster) = cluster.filter(|c| c.online) {
         if cluster.postmaster_pid() == Some(recorded) {
             println!(
@@ -253,11 +438,12 @@ pub fn down() -> anyhow::Result<()> {
             run_captured(cluster.ctl("stop").args(["--", "-m", "fast"]))?;
         } else {
             println!(
-                "xtask: postgres was restarted by someone else since `up` (pid {recorded} is gone); leaving it running"
+                "xtask: postgres {}/{} was restarted by someone else since `up` (pid {recorded} is gone); leaving it running",
+                cluster.version, cluster.name
             );
         }
     }
-    std::fs::remove_file(marker())?;
+    std::fs::remove_file(marker)?;
     Ok(())
 }
 
@@ -266,22 +452,39 @@ pub fn status() -> anyhow::Result<()> {
         println!("postgres:   not installed");
         return Ok(());
     }
-    let ours = std::fs::read_to_string(marker()).ok();
     match find_cluster()? {
-        Some(c) if c.online => println!(
-            "postgres:   {}/{} online on 127.0.0.1:{} (pid {}), {}",
-            c.version,
-            c.name,
-            c.port,
-            c.postmaster_pid().map_or("?".into(), |p| p.to_string()),
-            if ours.is_some() {
-                "started by xtask"
-            } else {
-                "not started by xtask"
-            }
-        ),
+        Some(c) if c.online => {
+            let tls = match c.psql("postgres", "SHOW ssl_cert_file") {
+                Ok(file) if file.ends_with(TLS_CERT_NAME) => "TLS with the test certificate",
+                _ => "no TLS with the test certificate (run `cargo xtask services up`)",
+            };
+            println!("postgres:   {}, {tls}", describe_online(&c, &marker()));
+        }
         Some(c) => println!("postgres:   {}/{} down", c.version, c.name),
         None => println!("postgres:   no {VERSION} cluster"),
     }
+    match named_cluster(NOTLS_CLUSTER)? {
+        Some(c) if c.online => println!(
+            "postgres:   {}, TLS off",
+            describe_online(&c, &notls_marker())
+        ),
+        Some(c) => println!("postgres:   {}/{} (TLS off) down", c.version, c.name),
+        None => println!("postgres:   no {VERSION}/{NOTLS_CLUSTER} cluster (TLS off) yet"),
+    }
     Ok(())
+}
+
+fn describe_online(c: &Cluster, marker: &Path) -> String {
+    format!(
+        "{}/{} online on 127.0.0.1:{} (pid {}), {}",
+        c.version,
+        c.name,
+        c.port,
+        c.postmaster_pid().map_or("?".into(), |p| p.to_string()),
+        if marker.exists() {
+            "started by xtask"
+        } else {
+            "not started by xtask"
+        }
+    )
 }
