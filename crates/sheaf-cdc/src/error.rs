@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 /// Everything that can go wrong in `sheaf-cdc`: malformed pgoutput bytes, a stream that
 /// breaks the protocol's order, a bad configuration, a missing slot or publication, and
-/// failures of the replication transport or the heartbeat connection.
+/// failures of the replication transport (its TLS included) or the heartbeat connection.
 ///
 /// `Clone` so the reader can hand the error that stopped it to the consumer and still
 /// log it; sources behind `Arc`.
@@ -58,6 +58,16 @@ pub enum Error {
     /// The replication connection failed or the server refused a command.
     #[error("replication transport: {0}")]
     Transport(Arc<dyn std::error::Error + Send + Sync>),
+    /// The replication connection's TLS could not be set up: the server refused TLS that
+    /// `sslmode` requires, or the handshake failed (an untrusted certificate, a name
+    /// mismatch, …). Reported when connecting, with the server and the problem in words.
+    #[error("TLS with the server at {server}: {problem}")]
+    Tls {
+        /// `host:port`.
+        server: String,
+        /// What went wrong, in words an operator can act on.
+        problem: String,
+    },
     /// The normal (non-replication) connection used for heartbeats failed.
     #[error("heartbeat connection: {0}")]
     Heartbeat(Arc<dyn std::error::Error + Send + Sync>),

@@ -9,11 +9,18 @@
 //! # async fn example() -> sheaf_cdc::Result<()> {
 //! use sheaf_cdc::{CdcConfig, CdcSource, ConnectionConfig, PublicationTables};
 //!
-//! let connection = ConnectionConfig::from_url("postgres://sheaf:sheaf@127.0.0.1:5432/app")?;
+//! let mut connection = ConnectionConfig::from_url(
+//!     "postgres://sheaf:sheaf@db.internal:5432/app?sslmode=verify-full",
+//! )?;
+//! connection.ca_file = Some("/etc/sheaf/ca.pem".into()); // the operator's CA, if private
 //! let mut config = CdcConfig::new(connection, "sheaf_slot", "sheaf_pub");
 //! config.create_missing = Some(PublicationTables::Tables(vec!["public.orders".into()]));
 //! config.heartbeat_interval = Some(std::time::Duration::from_secs(30));
 //! let mut stream = CdcSource::start(config).await?;
+//! if let Some(security) = stream.replication_security() {
+//!     // "encrypted (TLSv1_3, TLS13_AES_256_GCM_SHA384, sslmode=verify-full)"
+//!     println!("replication connection to {}: {security}", security.server);
+//! }
 //! while let Some(message) = stream.recv().await? {
 //!     let (changes, ack) = message.into_parts();
 //!     for change in &changes {
@@ -45,13 +52,32 @@
 //!   split across batches and acknowledged in part is read again from its first row;
 //!   event ids deduplicate it.
 //!
+//! # Connections and TLS
+//! The source opens two connections to the server: the replication session (the stream)
+//! and, with a heartbeat, a normal one. Both follow the URL's `sslmode` with libpq's
+//! meanings (`prefer` when the URL has none) and trust the bundled public roots plus one CA
+//! file: the URL's `sslrootcert`, else [`ConnectionConfig::ca_file`]
+//! ([`ConnectionConfig::trusted_ca_file`]). [`CdcConfig::validate`] loads that file, so a
+//! bad one is an [`Error::Config`] naming it.
+//!
+//! The transport has no TLS of its own here: for any mode but `disable`, Sheaf opens the
+//! TCP connection, asks for TLS and runs the handshake itself (rustls on ring), then hands
+//! the transport a private local socket bridged to that session. A server that refuses TLS
+//! a mode requires, or a certificate that is not accepted, fails [`CdcSource::start`] with
+//! an [`Error::Tls`] naming the server and the problem; `prefer` against a server without
+//! TLS goes on in plaintext with a warning. Whether the stream is encrypted is logged at
+//! connect (`replication connection encrypted`, with protocol and cipher suite) and kept in
+//! [`CdcStream::replication_security`]. The heartbeat uses sqlx's TLS with the same mode
+//! and CA file.
+//!
 //! # Layers
 //! - [`pgoutput`]: decodes one message, borrowed from its bytes; [`encode`] is its inverse.
 //! - [`change`]: the relation cache and [`ChangeDecoder`], rows as [`Change`]s, values
 //!   as JSON by type.
 //! - [`reader`]: [`TransactionBatcher`], [`StreamReader`] and [`CdcStream`], independent
 //!   of the transport (driven by [`WalEvent`]s).
-//! - `source` (feature `postgres`, default): [`CdcSource`], the transport and heartbeat.
+//! - `source` (feature `postgres`, default): [`CdcSource`], the transport and heartbeat;
+//!   `tls`, the replication stream's TLS and its local bridge.
 
 mod ack;
 pub mod change;
@@ -63,12 +89,14 @@ pub mod pgoutput;
 pub mod reader;
 #[cfg(feature = "postgres")]
 mod source;
+#[cfg(feature = "postgres")]
+mod tls;
 
 pub use ack::AckToken;
 pub use change::{
     Cell, Change, ChangeDecoder, Column, EventId, Op, Relation, RelationCache, Tuple,
 };
-pub use config::{CdcConfig, ConnectionConfig, PublicationTables};
+pub use config::{CdcConfig, ConnectionConfig, ConnectionSecurity, PublicationTables, TlsSession};
 pub use error::{Error, Result};
 pub use lsn::Lsn;
 pub use reader::{

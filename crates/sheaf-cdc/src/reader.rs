@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ack::{AckToken, AckTracker};
 use crate::change::{Change, ChangeDecoder, Decoded};
+use crate::config::ConnectionSecurity;
 use crate::pgoutput::{Begin, Commit};
 use crate::{Error, Lsn, Result};
 
@@ -444,6 +445,8 @@ pub(crate) struct SourceTask {
     pub(crate) cancel: CancellationToken,
     pub(crate) task: JoinHandle<Result<()>>,
     pub(crate) stop_timeout: Duration,
+    /// Whether the source's replication connection is encrypted.
+    pub(crate) security: ConnectionSecurity,
 }
 
 /// What the consumer receives: one row by default, a transaction (or the part of one
@@ -583,6 +586,13 @@ impl CdcStream {
     /// The confirmed position: every message up to it is acknowledged.
     pub fn confirmed_lsn(&self) -> Lsn {
         self.tracker.confirmed()
+    }
+
+    /// Whether the replication connection feeding this stream is encrypted, as decided when
+    /// it connected (its `Display` is a short description for start-up logs); `None` for a
+    /// stream without a Postgres source ([`stream_pair`]).
+    pub fn replication_security(&self) -> Option<&ConnectionSecurity> {
+        self.source.as_ref().map(|source| &source.security)
     }
 
     /// Rows handed to this consumer and not yet confirmed.

@@ -1,5 +1,7 @@
 //! The Postgres source: `pgwire-replication` for the stream, a normal connection (sqlx)
-//! for heartbeats.
+//! for heartbeats. Both honour the connection's `sslmode`: the stream through the bridge
+//! in `tls.rs` (Sheaf runs the TLS, the transport sees a local socket), the heartbeat
+//! through sqlx's own TLS with the same mode and CA file.
 //!
 //! Start-up runs on one gated replication session: check (or create) the publication
 //! and the slot, then `START_REPLICATION` at 0/0, which resumes from the slot's
@@ -16,10 +18,10 @@ use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent}
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{CdcConfig, PublicationTables};
+use crate::config::{CdcConfig, ConnectionSecurity, PublicationTables};
 use crate::pgoutput::{Begin, Commit};
 use crate::reader::{SourceTask, StreamReader, WalEvent, stream_pair};
-use crate::{CdcStream, Error, Lsn, Result};
+use crate::{CdcStream, Error, Lsn, Result, tls};
 
 /// Prefix of the heartbeat's logical decoding message.
 pub const HEARTBEAT_PREFIX: &str = "sheaf.heartbeat";
@@ -34,13 +36,17 @@ impl CdcSource {
     /// heartbeat, if configured) run as tasks until [`CdcStream::shutdown`], an error
     /// (then returned by [`CdcStream::recv`]), or the stream being dropped.
     ///
+    /// Whether the replication connection is encrypted is logged when it connects, and
+    /// kept for the caller in [`CdcStream::replication_security`].
+    ///
     /// # Errors
-    /// [`Error::Config`], [`Error::SlotMissing`], [`Error::PublicationMissing`],
+    /// [`Error::Config`], [`Error::Tls`] (the server refuses TLS the `sslmode` requires, or
+    /// its certificate is not accepted), [`Error::SlotMissing`], [`Error::PublicationMissing`],
     /// [`Error::SlotUnusable`], [`Error::Transport`], [`Error::Timeout`].
     pub async fn start(config: CdcConfig) -> Result<CdcStream> {
         config.validate()?;
         let (reader, mut stream) = stream_pair(&config.stream)?;
-        let client = tokio::time::timeout(config.connect_timeout, connect(&config))
+        let (client, security) = tokio::time::timeout(config.connect_timeout, connect(&config))
             .await
             .map_err(|_| Error::Timeout("connecting and starting replication"))??;
         let cancel = CancellationToken::new();
@@ -54,6 +60,7 @@ impl CdcSource {
             cancel,
             task,
             stop_timeout,
+            security,
         });
         Ok(stream)
     }
@@ -63,10 +70,15 @@ fn transport(e: pgwire_replication::PgWireError) -> Error {
     Error::Transport(Arc::new(e))
 }
 
-async fn connect(config: &CdcConfig) -> Result<ReplicationClient> {
+/// Connects (through a new TLS bridge unless `sslmode=disable`), checks or creates the
+/// publication and slot, and starts streaming.
+async fn connect(config: &CdcConfig) -> Result<(ReplicationClient, ConnectionSecurity)> {
     let c = &config.connection;
+    let link = tls::open(c).await?;
+    // The transport's own TLS stays off: a bridge's host is a local socket directory, and
+    // `disable` wants none.
     let replication = ReplicationConfig::new(
-        c.host.clone(),
+        link.host.clone(),
         c.user.clone(),
         c.password.clone(),
         c.database.clone(),
@@ -86,7 +98,9 @@ async fn connect(config: &CdcConfig) -> Result<ReplicationClient> {
     setup(&mut client, config).await?;
     client.start().await.map_err(transport)?;
     client.wait_started().await.map_err(transport)?;
-    Ok(client)
+    let security = link.security.clone();
+    link.established();
+    Ok((client, security))
 }
 
 fn literal(s: &str) -> String {
@@ -323,18 +337,39 @@ async fn run(
     result
 }
 
-/// Emits a transactional logical decoding message every `interval` until cancelled.
-/// Failures are logged and retried on the next tick; they never stop the stream.
-async fn heartbeat(config: CdcConfig, interval: Duration, cancel: CancellationToken) {
-    use sqlx::Connection as _;
+/// The options of a normal (sqlx) connection to the source's server: the same role,
+/// database, `sslmode` and trusted CA file as the replication stream. sqlx adds the CA file
+/// to its bundled roots, as the stream's TLS does.
+fn pg_connect_options(config: &CdcConfig) -> sqlx::postgres::PgConnectOptions {
+    use sheaf_tls::SslMode;
+    use sqlx::postgres::PgSslMode;
     let c = &config.connection;
+    let ssl_mode = match c.ssl_mode {
+        SslMode::Disable => PgSslMode::Disable,
+        SslMode::Prefer => PgSslMode::Prefer,
+        SslMode::Require => PgSslMode::Require,
+        SslMode::VerifyCa => PgSslMode::VerifyCa,
+        SslMode::VerifyFull => PgSslMode::VerifyFull,
+    };
     let options = sqlx::postgres::PgConnectOptions::new()
         .host(&c.host)
         .port(c.port)
         .username(&c.user)
         .password(&c.password)
         .database(&c.database)
-        .application_name(&config.application_name);
+        .application_name(&config.application_name)
+        .ssl_mode(ssl_mode);
+    match c.trusted_ca_file() {
+        Some(file) => options.ssl_root_cert(file),
+        None => options,
+    }
+}
+
+/// Emits a transactional logical decoding message every `interval` until cancelled.
+/// Failures are logged and retried on the next tick; they never stop the stream.
+async fn heartbeat(config: CdcConfig, interval: Duration, cancel: CancellationToken) {
+    use sqlx::Connection as _;
+    let options = pg_connect_options(&config);
     // Each network step gets at most one interval (and at least 5 s).
     let budget = interval.max(Duration::from_secs(5));
     let mut connection: Option<sqlx::PgConnection> = None;
@@ -349,7 +384,15 @@ async fn heartbeat(config: CdcConfig, interval: Duration, cancel: CancellationTo
             match tokio::time::timeout(budget, sqlx::PgConnection::connect_with(&options)).await {
                 Ok(Ok(conn)) => connection = Some(conn),
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %Error::Heartbeat(Arc::new(e)), "heartbeat connection failed");
+                    // A TLS failure in words, as the stream's own connection reports it.
+                    let tls = sheaf_tls::tls_cause(&e);
+                    tracing::warn!(
+                        server = %config.connection.server(),
+                        sslmode = %config.connection.ssl_mode,
+                        tls,
+                        error = %Error::Heartbeat(Arc::new(e)),
+                        "heartbeat connection failed"
+                    );
                     continue;
                 }
                 Err(_) => {

@@ -14,12 +14,12 @@ use sheaf_cdc::{
 use sheaf_testenv::postgres::drop_replication_slot_or_report;
 use sqlx::PgPool;
 
-struct Pg {
-    pool: PgPool,
-    connection: ConnectionConfig,
-    table: String,
-    slot: String,
-    publication: String,
+pub(crate) struct Pg {
+    pub(crate) pool: PgPool,
+    pub(crate) connection: ConnectionConfig,
+    pub(crate) table: String,
+    pub(crate) slot: String,
+    pub(crate) publication: String,
 }
 
 impl Pg {
@@ -45,7 +45,7 @@ impl Pg {
         pg
     }
 
-    fn config(&self) -> CdcConfig {
+    pub(crate) fn config(&self) -> CdcConfig {
         let mut config = CdcConfig::new(self.connection.clone(), &self.slot, &self.publication);
         config.create_missing = Some(PublicationTables::Tables(vec![format!(
             "public.{}",
@@ -64,7 +64,7 @@ impl Pg {
     }
 
     /// Inserts ids `from..=to` in one transaction.
-    async fn insert(&self, from: i64, to: i64) {
+    pub(crate) async fn insert(&self, from: i64, to: i64) {
         self.exec(&format!(
             "INSERT INTO {} SELECT g, 'row ' || g FROM generate_series({from}, {to}) g",
             self.table
@@ -92,7 +92,7 @@ impl Pg {
     }
 
     /// Waits (at most 15 s) until the slot's confirmed position reaches `at_least`.
-    async fn wait_confirmed(&self, at_least: Lsn) -> Lsn {
+    pub(crate) async fn wait_confirmed(&self, at_least: Lsn) -> Lsn {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             let confirmed = self.confirmed_flush_lsn().await.unwrap_or_default();
@@ -121,7 +121,7 @@ impl Pg {
 }
 
 /// Runs `body` as a task, then cleans up whatever happened, then re-raises its panic.
-async fn with_pg<F, Fut>(url: String, body: F)
+pub(crate) async fn with_pg<F, Fut>(url: String, body: F)
 where
     F: FnOnce(Arc<Pg>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -137,7 +137,7 @@ where
     }
 }
 
-async fn recv(stream: &mut CdcStream) -> CdcMessage {
+pub(crate) async fn recv(stream: &mut CdcStream) -> CdcMessage {
     tokio::time::timeout(Duration::from_secs(15), stream.recv())
         .await
         .expect("a message within 15 s")
@@ -145,7 +145,7 @@ async fn recv(stream: &mut CdcStream) -> CdcMessage {
         .expect("stream open")
 }
 
-fn id(change: &Change) -> i64 {
+pub(crate) fn id(change: &Change) -> i64 {
     change
         .new
         .as_ref()

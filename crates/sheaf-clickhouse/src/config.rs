@@ -2,6 +2,7 @@
 //! and how long records are kept.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sheaf_coalesce::WriteConfig;
@@ -16,8 +17,12 @@ const MAX_DATABASE_LEN: usize = 64;
 /// [`ClickHouseConfig::new`] and change the fields that differ.
 #[derive(Clone)]
 pub struct ClickHouseConfig {
-    /// The server's HTTP endpoint, e.g. `http://127.0.0.1:8123`.
+    /// The server's HTTP endpoint, e.g. `http://127.0.0.1:8123`, or `https://…:8443` for TLS
+    /// (the certificate is always verified, name included).
     pub url: String,
+    /// A PEM file of CA certificates trusted for `https://` besides the bundled public roots
+    /// (a private CA, a self-managed server's CA).
+    pub ca_file: Option<PathBuf>,
     /// The database that holds the `events` and `attempts` tables; [`migrate`] creates it.
     /// ASCII letters, digits and `_`, not starting with a digit.
     ///
@@ -52,6 +57,7 @@ impl ClickHouseConfig {
     pub fn new(url: impl Into<String>, database: impl Into<String>) -> Self {
         ClickHouseConfig {
             url: url.into(),
+            ca_file: None,
             database: database.into(),
             user: None,
             password: None,
@@ -71,6 +77,10 @@ impl ClickHouseConfig {
                 "clickhouse url {:?} must start with http:// or https://",
                 redact_url(&self.url)
             )));
+        }
+        if let Some(path) = &self.ca_file {
+            sheaf_tls::roots(Some(path))
+                .map_err(|e| Error::invalid_input(format!("clickhouse {e}")))?;
         }
         if self.request_timeout.is_zero() {
             return Err(Error::invalid_input(
@@ -118,6 +128,7 @@ impl fmt::Debug for ClickHouseConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClickHouseConfig")
             .field("url", &redact_url(&self.url))
+            .field("ca_file", &self.ca_file)
             .field("database", &self.database)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))

@@ -79,6 +79,12 @@ pub(crate) fn from_driver(what: &str, err: DriverError) -> Error {
         },
         _ => false,
     };
+    if let DriverError::Network(source) = &err {
+        // A handshake that failed is not an outage to ride out but a setting to fix: say so.
+        if let Some(cause) = sheaf_tls::tls_cause(source.as_ref()) {
+            return Error::unavailable(format!("{what}: TLS: {cause}"), err);
+        }
+    }
     if transient {
         Error::unavailable(what, err)
     } else {

@@ -100,6 +100,7 @@
 
 mod config;
 mod error;
+mod http;
 mod latest;
 mod rows;
 mod schema;

@@ -72,7 +72,8 @@ impl ClickHouseLogStore {
     /// Must be called inside a Tokio runtime (the coalescers' workers are spawned on it).
     pub fn connect(config: ClickHouseConfig) -> Result<Self> {
         config.validate()?;
-        let mut admin = Client::default().with_url(config.url.as_str());
+        let mut admin =
+            crate::http::client(config.ca_file.as_deref())?.with_url(config.url.as_str());
         if let Some(user) = &config.user {
             admin = admin.with_user(user.as_str());
         }

@@ -10,4 +10,5 @@ mod lazy_limit;
 mod schema;
 mod suites;
 mod support;
+mod tls;
 mod writes;

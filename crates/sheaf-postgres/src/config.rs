@@ -2,6 +2,7 @@
 //! bounds and timeouts.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -17,8 +18,13 @@ pub const DEFAULT_SCHEMA: &str = "sheaf";
 /// Every field has a default except the URL; [`PostgresConfig::new`] fills them in.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PostgresConfig {
-    /// A libpq-style URL, `postgres://user:password@host:port/database?...`.
+    /// A libpq-style URL, `postgres://user:password@host:port/database?...`. Its `sslmode`
+    /// (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`) and
+    /// `sslrootcert` (a PEM file of CAs) choose TLS, with libpq's meanings.
     pub url: String,
+    /// CA certificates (PEM) trusted besides the bundled public roots when the URL names no
+    /// `sslrootcert` of its own: an operator's one CA file for every connection.
+    pub ca_file: Option<PathBuf>,
     /// The schema that holds Sheaf's tables; [`crate::PostgresStores::migrate`] creates it.
     /// Lower-case letters, digits and `_`, starting with a letter or `_`, at most 63 bytes.
     /// Tests give each run its own.
@@ -53,6 +59,7 @@ impl PostgresConfig {
     pub fn new(url: impl Into<String>) -> Self {
         PostgresConfig {
             url: url.into(),
+            ca_file: None,
             schema: DEFAULT_SCHEMA.to_owned(),
             max_connections: 10,
             min_connections: 0,
@@ -87,7 +94,47 @@ impl PostgresConfig {
                 "statement_timeout must be at least 1 ms (or unset)",
             ));
         }
+        self.tls()?;
         self.connect_options().map(|_| ())
+    }
+
+    /// How this configuration's connections use TLS: the URL's `sslmode`, and the CA file they
+    /// trust (the URL's `sslrootcert`, else [`ca_file`](Self::ca_file)), each checked, so an
+    /// unknown mode or a CA file that cannot be used is named here rather than at the first
+    /// connection.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming `sslmode` or the CA file.
+    pub fn tls(&self) -> Result<PostgresTls> {
+        let invalid = |e: &dyn fmt::Display| {
+            Error::invalid_input(format!("postgres url {}: {e}", redact(&self.url)))
+        };
+        let mut tls = PostgresTls {
+            mode: sheaf_tls::SslMode::default(),
+            ca_file: None,
+            ca_file_in_url: false,
+        };
+        if let Ok(parsed) = url::Url::parse(&self.url) {
+            for (key, value) in parsed.query_pairs() {
+                match &*key {
+                    "sslmode" | "ssl-mode" => {
+                        tls.mode = sheaf_tls::SslMode::parse(&value).map_err(|e| invalid(&e))?;
+                    }
+                    "sslrootcert" | "ssl-root-cert" | "ssl-ca" => {
+                        tls.ca_file = Some(PathBuf::from(&*value));
+                        tls.ca_file_in_url = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if tls.ca_file.is_none() {
+            tls.ca_file.clone_from(&self.ca_file);
+        }
+        if let Some(path) = &tls.ca_file {
+            sheaf_tls::roots(Some(path)).map_err(|e| invalid(&e))?;
+        }
+        Ok(tls)
     }
 
     fn connect_options(&self) -> Result<PgConnectOptions> {
@@ -102,6 +149,13 @@ impl PostgresConfig {
                 redact(&self.url)
             ))
         })?;
+        // The URL's own `sslrootcert` wins (sqlx read it already); either file is added to the
+        // bundled roots, not put in their place.
+        let tls = self.tls()?;
+        let options = match &tls.ca_file {
+            Some(file) if !tls.ca_file_in_url => options.ssl_root_cert(file),
+            _ => options,
+        };
         // Startup parameters cost no round trip, and apply to every connection the pool opens,
         // including those that replace a lost one. Tables are schema-qualified in every statement,
         // so no `search_path` is needed.
@@ -132,10 +186,22 @@ impl PostgresConfig {
     }
 }
 
+/// What [`PostgresConfig::tls`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresTls {
+    /// The URL's `sslmode`; `prefer` when it has none, as in libpq.
+    pub mode: sheaf_tls::SslMode,
+    /// The CA file connections trust besides the bundled roots.
+    pub ca_file: Option<PathBuf>,
+    /// Whether that file came from the URL's `sslrootcert` (else from `ca_file`).
+    pub ca_file_in_url: bool,
+}
+
 impl fmt::Debug for PostgresConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresConfig")
             .field("url", &redact(&self.url))
+            .field("ca_file", &self.ca_file)
             .field("schema", &self.schema)
             .field("max_connections", &self.max_connections)
             .field("min_connections", &self.min_connections)

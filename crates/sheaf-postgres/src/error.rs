@@ -11,7 +11,13 @@ use sheaf_store::Error;
 /// Converts a driver error met while `doing` something (lower case, e.g. "claiming jobs").
 pub(crate) fn from_sqlx(doing: &str, error: sqlx::Error) -> Error {
     let kind = classify(&error);
-    let message = doing.to_owned();
+    // A handshake that failed is a setting to fix, not an outage: say what went wrong. sqlx
+    // reports a refused certificate as an I/O error and a server without TLS as a TLS error.
+    let message = match (sheaf_tls::tls_cause(&error), &error) {
+        (Some(cause), _) => format!("{doing}: TLS: {cause}"),
+        (None, sqlx::Error::Tls(source)) => format!("{doing}: TLS: {source}"),
+        _ => doing.to_owned(),
+    };
     match kind {
         Kind::Unavailable => Error::unavailable(message, error),
         Kind::Backend => Error::backend(message, error),

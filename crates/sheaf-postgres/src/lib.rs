@@ -45,7 +45,7 @@ use std::sync::Arc;
 use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, Result};
 use sqlx::PgPool;
 
-pub use config::{DEFAULT_SCHEMA, PostgresConfig};
+pub use config::{DEFAULT_SCHEMA, PostgresConfig, PostgresTls};
 pub use entity::PostgresEntityStore;
 pub use log::PostgresLogStore;
 pub use outbox::{OutboxLayout, PostgresOutbox};
@@ -85,6 +85,28 @@ impl PostgresStores {
     /// once: they take turns, and each migration is applied once.
     pub async fn migrate(&self) -> Result<Vec<i64>> {
         migrate::run(&self.db.pool, &self.schema).await
+    }
+
+    /// Whether the pool's connections are encrypted, as the server sees one of them:
+    /// `Some((protocol, cipher))` from `pg_stat_ssl`, `None` for plaintext. With `sslmode=prefer`
+    /// (the default) a server without TLS is answered in plaintext, so the service asks this at
+    /// start-up and says which it got.
+    ///
+    /// # Errors
+    /// `Unavailable` when no connection can be made (a TLS failure says why).
+    pub async fn encryption(&self) -> Result<Option<(String, String)>> {
+        let row: (bool, Option<String>, Option<String>) = sqlx::query_as(
+            "SELECT ssl, version, cipher FROM pg_catalog.pg_stat_ssl WHERE pid = pg_backend_pid()",
+        )
+        .fetch_one(&self.db.pool)
+        .await
+        .map_err(|e| error::from_sqlx("reading the connection's encryption", e))?;
+        Ok(match row {
+            (true, version, cipher) => {
+                Some((version.unwrap_or_default(), cipher.unwrap_or_default()))
+            }
+            (false, _, _) => None,
+        })
     }
 
     /// The log store, as the service uses it.

@@ -12,3 +12,4 @@ mod migrations;
 mod queue;
 mod suites;
 mod support;
+mod tls;
