@@ -99,10 +99,7 @@ pub struct Engine {
 impl Engine {
     /// Starts the dispatcher, the workers and the completer.
     pub fn start(core: Arc<Core>) -> anyhow::Result<Self> {
-        let sender = Sender::new(
-            core.config.delivery_timeout,
-            core.config.allow_private_destinations,
-        )?;
+        let sender = Sender::new(&core.config)?;
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         let workers_count = core.config.delivery_workers;

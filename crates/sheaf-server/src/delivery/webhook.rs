@@ -13,8 +13,14 @@
 //! and a policy that is never followed cannot be talked into an internal address.)
 //!
 //! While the private-destination guard is on, the client resolves names through
-//! [`GuardedResolver`] and uses no proxy, and IP literals are checked before the request, so
-//! the address a delivery connects to is the address that was checked (see `guard.rs`).
+//! [`GuardedResolver`] and ignores the environment's proxies, and IP literals are checked before
+//! the request, so the address a delivery connects to is the address that was checked (see
+//! `guard.rs`). With `SHEAF_EGRESS_PROXY` the client connects to the proxy instead, which the
+//! operator chose and which may be private; the guard then checks each destination's own
+//! name and addresses before the request is handed to the proxy ([`check_url`]).
+//!
+//! TLS: rustls on ring, trusting the system's roots, the bundled webpki roots and
+//! `SHEAF_TLS_CA_FILE` (a receiver behind a private CA).
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +31,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 use sheaf_store::{Destination, EventId, Secret, Timestamp};
 
-use crate::delivery::guard::{GuardedResolver, check_literal};
+use crate::delivery::guard::{GuardedResolver, check_literal, check_url};
+use crate::settings::Config;
 
 /// Header names a destination's custom headers may not set: the signature's and the body's.
 pub const RESERVED_HEADERS: [&str; 5] = [
@@ -97,26 +104,65 @@ pub struct Delivered {
 #[derive(Debug, Clone)]
 pub struct Sender {
     client: reqwest::Client,
-    guard: bool,
+    guard: Guard,
+}
+
+/// Where the private-destination guard looks, if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS=true`.
+    Off,
+    /// Direct connections: the resolver checks what it returns, literals are checked here.
+    AtConnect,
+    /// Through the egress proxy: the destination is resolved and checked before each request.
+    BeforeProxy,
 }
 
 impl Sender {
-    /// A sender whose requests give up after `timeout`. Unless `allow_private`
-    /// (`SHEAF_ALLOW_PRIVATE_DESTINATIONS`), it connects only to public addresses.
-    pub fn new(timeout: Duration, allow_private: bool) -> anyhow::Result<Self> {
+    /// A sender whose requests give up after `SHEAF_DELIVERY_TIMEOUT`, through
+    /// `SHEAF_EGRESS_PROXY` if set, trusting `SHEAF_TLS_CA_FILE` besides the system's and the
+    /// bundled roots. Unless `SHEAF_ALLOW_PRIVATE_DESTINATIONS`, it delivers only to public
+    /// addresses.
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
+        let timeout = config.delivery_timeout;
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("sheaf/", env!("CARGO_PKG_VERSION")));
-        if !allow_private {
-            builder = builder
-                .dns_resolver(std::sync::Arc::new(GuardedResolver))
-                .no_proxy();
+        if let Some(path) = &config.tls_ca_file {
+            let certificates = sheaf_tls::load_certificates(path)
+                .map_err(|e| anyhow::anyhow!("SHEAF_TLS_CA_FILE: {e}"))?;
+            for certificate in certificates {
+                builder = builder.add_root_certificate(
+                    reqwest::Certificate::from_der(&certificate)
+                        .map_err(|e| anyhow::anyhow!("SHEAF_TLS_CA_FILE: {e}"))?,
+                );
+            }
         }
+        let guard = match (&config.egress_proxy, config.allow_private_destinations) {
+            (Some(proxy), allow_private) => {
+                builder = builder.no_proxy().proxy(
+                    reqwest::Proxy::all(proxy.clone())
+                        .map_err(|e| anyhow::anyhow!("SHEAF_EGRESS_PROXY: {e}"))?,
+                );
+                if allow_private {
+                    Guard::Off
+                } else {
+                    Guard::BeforeProxy
+                }
+            }
+            (None, true) => Guard::Off,
+            (None, false) => {
+                builder = builder
+                    .dns_resolver(std::sync::Arc::new(GuardedResolver))
+                    .no_proxy();
+                Guard::AtConnect
+            }
+        };
         Ok(Self {
             client: builder.build()?,
-            guard: !allow_private,
+            guard,
         })
     }
 
@@ -159,11 +205,15 @@ impl Sender {
             headers.insert(name, value);
         }
         let started = Instant::now();
-        if self.guard {
-            let refused = match reqwest::Url::parse(&destination.url) {
+        let refused = match self.guard {
+            Guard::Off => None,
+            Guard::AtConnect => match reqwest::Url::parse(&destination.url) {
                 Ok(url) => check_literal(&url).err().map(|e| e.0),
                 Err(err) => Some(format!("the destination URL does not parse: {err}")),
-            };
+            },
+            Guard::BeforeProxy => check_url(&destination.url, false).await.err().map(|e| e.0),
+        };
+        {
             if let Some(reason) = refused {
                 return Delivered {
                     code: None,
@@ -242,6 +292,9 @@ impl Sender {
 
 /// A short reason for a failed request, without the URL (the attempt names the destination).
 fn describe(err: &reqwest::Error) -> String {
+    if let Some(cause) = sheaf_tls::tls_cause(err) {
+        return format!("TLS handshake failed: {cause}");
+    }
     let kind = if err.is_timeout() {
         "timed out"
     } else if err.is_connect() {

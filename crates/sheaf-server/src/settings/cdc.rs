@@ -125,9 +125,11 @@ pub struct CdcSettings {
 /// The `SHEAF_CDC_*` settings. Every value is checked whether or not the source is enabled;
 /// the URL and the tenants are required only when it is. `sheaf_schema` is
 /// `SHEAF_POSTGRES_SCHEMA` when a store lives in Postgres: its tables never feed the source.
+/// `ca_file` is `SHEAF_TLS_CA_FILE`, trusted when the URL names no `sslrootcert`.
 pub(super) fn parse_cdc(
     values: &Values,
     sheaf_schema: Option<&str>,
+    ca_file: Option<&std::path::Path>,
 ) -> Result<Option<CdcSettings>, ConfigError> {
     let enabled = values.bool(&CDC_ENABLED)?;
     let url = values.optional(&CDC_POSTGRES_URL);
@@ -165,8 +167,9 @@ pub(super) fn parse_cdc(
             "is required when SHEAF_CDC_ENABLED is true",
         )
     })?;
-    let connection = ConnectionConfig::from_url(&url)
+    let mut connection = ConnectionConfig::from_url(&url)
         .map_err(|e| ConfigError::new(CDC_POSTGRES_URL.name, e.to_string()))?;
+    connection.ca_file = ca_file.map(std::path::Path::to_owned);
     let mut tenants = tenants.ok_or_else(|| {
         ConfigError::new(
             CDC_TENANTS.name,

@@ -25,6 +25,7 @@ pub mod values;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sheaf_coalesce::{LookupConfig, WriteConfig};
@@ -180,6 +181,10 @@ pub struct Config {
     pub log_filter: String,
     /// `SHEAF_LOG_FORMAT`.
     pub log_format: LogFormat,
+    /// `SHEAF_EGRESS_PROXY`: the proxy webhook deliveries go through.
+    pub egress_proxy: Option<reqwest::Url>,
+    /// `SHEAF_TLS_CA_FILE`: CA certificates every TLS connection trusts besides the roots.
+    pub tls_ca_file: Option<PathBuf>,
     /// `SHEAF_OTLP_ENDPOINT`: where traces go; `None`, no traces.
     pub otlp_endpoint: Option<String>,
     /// `SHEAF_OTLP_SAMPLE_PERCENT`.
@@ -221,9 +226,11 @@ impl Config {
         check_lease(queue_lease, delivery_timeout)?;
         let postgres_stores =
             stores.log_store == LogStoreKind::Postgres || stores.queue == QueueKind::Postgres;
+        let tls_ca_file = parse_tls_ca_file(&values)?;
         let cdc = cdc::parse_cdc(
             &values,
             postgres_stores.then_some(stores.postgres_schema.as_str()),
+            tls_ca_file.as_deref(),
         )?;
         Ok(Self {
             listen,
@@ -270,6 +277,8 @@ impl Config {
             max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
             request_timeout: values.duration(&s::REQUEST_TIMEOUT)?,
             allow_private_destinations: values.bool(&s::ALLOW_PRIVATE_DESTINATIONS)?,
+            egress_proxy: parse_egress_proxy(&values)?,
+            tls_ca_file,
             secret_rotation_grace: values.duration(&s::SECRET_ROTATION_GRACE)?,
             entity_cache_ttl: values.duration(&s::ENTITY_CACHE_TTL)?,
             shutdown_timeout: values.duration(&s::SHUTDOWN_TIMEOUT)?,
@@ -421,6 +430,49 @@ fn check_lease(queue_lease: Duration, delivery_timeout: Duration) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// `SHEAF_EGRESS_PROXY`: an `http` or `https` URL with a host and a port, nothing after it.
+fn parse_egress_proxy(values: &Values) -> Result<Option<reqwest::Url>, ConfigError> {
+    let Some(raw) = values.optional(&s::EGRESS_PROXY) else {
+        return Ok(None);
+    };
+    let fail = |m: String| ConfigError::new(s::EGRESS_PROXY.name, m);
+    let url = reqwest::Url::parse(&raw)
+        .map_err(|e| fail(format!("{:?} is not a URL: {e}", redact_userinfo(&raw))))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(fail(format!(
+            "{:?} must be an http:// or https:// proxy URL with a host",
+            redact_userinfo(&raw)
+        )));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+        return Err(fail(format!(
+            "{:?} must be only scheme, host and port (no path, query or fragment)",
+            redact_userinfo(&raw)
+        )));
+    }
+    reqwest::Proxy::all(url.clone()).map_err(|e| fail(format!("is not a usable proxy: {e}")))?;
+    Ok(Some(url))
+}
+
+/// The URL with anything before an `@` hidden: a proxy's credentials stay out of messages.
+fn redact_userinfo(raw: &str) -> String {
+    match (raw.split_once("://"), raw.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+        _ => raw.to_owned(),
+    }
+}
+
+/// `SHEAF_TLS_CA_FILE`: loaded here, so a file that cannot be used stops start-up by name.
+fn parse_tls_ca_file(values: &Values) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(raw) = values.optional(&s::TLS_CA_FILE) else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(raw);
+    sheaf_tls::roots(Some(&path))
+        .map_err(|e| ConfigError::new(s::TLS_CA_FILE.name, e.to_string()))?;
+    Ok(Some(path))
 }
 
 /// `SHEAF_OTLP_ENDPOINT`: an `http` or `https` URL without a query, kept without its trailing

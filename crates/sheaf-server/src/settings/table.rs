@@ -202,15 +202,15 @@ pub const QUEUE: Setting = setting(
 pub const POSTGRES_URL: Setting = setting(
     "SHEAF_POSTGRES_URL",
     None,
-    Kind::Text("`postgres://user:password@host:port/database`"),
-    "Postgres connection URL; required when the queue or the log store is `postgres`.",
+    Kind::Text("`postgres://user:password@host:port/database[?sslmode=…&sslrootcert=…]`"),
+    "Postgres connection URL; required when the queue or the log store is `postgres`. TLS follows libpq's `sslmode`: `disable`, `prefer` (the default: TLS when the server offers it, unverified), `require` (TLS, unverified), `verify-ca` (TLS, a trusted chain), `verify-full` (a trusted chain issued for the host: use it for a database across a network); `sslrootcert` names the CA file to trust. The log says at start whether the connection is encrypted.",
 );
 /// `SHEAF_CLICKHOUSE_URL`.
 pub const CLICKHOUSE_URL: Setting = setting(
     "SHEAF_CLICKHOUSE_URL",
     None,
-    Kind::Text("`http://[user[:password]@]host:port`"),
-    "ClickHouse HTTP URL; required when the log store is `clickhouse`.",
+    Kind::Text("`http[s]://[user[:password]@]host:port`"),
+    "ClickHouse HTTP URL; required when the log store is `clickhouse`. `https://` is TLS with the certificate verified against the public roots and `SHEAF_TLS_CA_FILE` (ClickHouse Cloud listens on port 8443).",
 );
 /// `SHEAF_POSTGRES_SCHEMA`.
 pub const POSTGRES_SCHEMA: Setting = setting(
@@ -489,7 +489,21 @@ pub const ALLOW_PRIVATE_DESTINATIONS: Setting = setting(
     "SHEAF_ALLOW_PRIVATE_DESTINATIONS",
     Some("false"),
     Kind::Bool,
-    "Allow destination URLs whose host is or resolves to a loopback, private, link-local, unspecified or otherwise non-public address. `false` checks the URL when a destination is created or changed, and again at every delivery's connection (the resolved addresses, so a name that later resolves inside the network is refused); deliveries then use no HTTP proxy.",
+    "Allow destination URLs whose host is or resolves to a loopback, private, link-local, unspecified or otherwise non-public address. `false` checks the URL when a destination is created or changed, and again at every delivery's connection (the resolved addresses, so a name that later resolves inside the network is refused); deliveries then ignore the environment's proxy variables, and go through `SHEAF_EGRESS_PROXY` only, with every destination checked before it is handed to the proxy.",
+);
+/// `SHEAF_EGRESS_PROXY`.
+pub const EGRESS_PROXY: Setting = setting(
+    "SHEAF_EGRESS_PROXY",
+    None,
+    Kind::Text("`http://[user:password@]host:port` (or `https://`)"),
+    "HTTP proxy every webhook delivery goes through: `CONNECT` for `https://` destinations, a forwarded request for `http://` ones (static egress addresses, an egress filtering proxy). The proxy itself may be on a private address. With the private-destination guard on, each delivery's destination is still resolved and checked by Sheaf before it is handed to the proxy, so the proxy cannot be used to reach a private address; the proxy resolves the name again, so let it enforce its own egress rules too (`docs/security.md`). Unset: deliveries connect directly (or, with the guard off, through the environment's `HTTPS_PROXY`/`HTTP_PROXY`).",
+);
+/// `SHEAF_TLS_CA_FILE`.
+pub const TLS_CA_FILE: Setting = setting(
+    "SHEAF_TLS_CA_FILE",
+    None,
+    Kind::Text("path to a PEM file of one or more CA certificates"),
+    "CA certificates trusted besides the public roots by every TLS connection Sheaf makes: Postgres and the replication stream (where the URL names no `sslrootcert` of its own), ClickHouse over `https://`, and webhook receivers (which also trust the system's roots). Read at start: a file that cannot be read or holds no usable certificate stops start-up.",
 );
 /// `SHEAF_SECRETS_KEY`.
 pub const SECRETS_KEY: Setting = setting(
@@ -544,8 +558,8 @@ pub const CDC_ENABLED: Setting = setting(
 pub const CDC_POSTGRES_URL: Setting = setting(
     "SHEAF_CDC_POSTGRES_URL",
     None,
-    Kind::Text("`postgres://user:password@host:port/database`"),
-    "The application's database, read through logical replication (may differ from `SHEAF_POSTGRES_URL`); required when the CDC source is enabled. The role needs `LOGIN REPLICATION`, and to create the publication it must own the tables. Plain TCP with SCRAM or password authentication; query parameters are ignored.",
+    Kind::Text("`postgres://user:password@host:port/database[?sslmode=…&sslrootcert=…]`"),
+    "The application's database, read through logical replication (may differ from `SHEAF_POSTGRES_URL`); required when the CDC source is enabled. The role needs `LOGIN REPLICATION`, and to create the publication it must own the tables. SCRAM or password authentication; TLS by `sslmode` and `sslrootcert` as in `SHEAF_POSTGRES_URL` (the replication stream included), other query parameters are ignored.",
 );
 /// `SHEAF_CDC_SLOT`.
 pub const CDC_SLOT: Setting = setting(
@@ -707,6 +721,8 @@ pub const SETTINGS: &[Setting] = &[
     MAX_BODY_BYTES,
     REQUEST_TIMEOUT,
     ALLOW_PRIVATE_DESTINATIONS,
+    EGRESS_PROXY,
+    TLS_CA_FILE,
     SECRETS_KEY,
     SECRET_ROTATION_GRACE,
     ENTITY_CACHE_TTL,

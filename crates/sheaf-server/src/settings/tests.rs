@@ -82,6 +82,9 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_CDC_TENANTS", "acme"),
     ("SHEAF_LOG", "debug"),
     ("SHEAF_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+    ("SHEAF_EGRESS_PROXY", "http://127.0.0.1:3128"),
+    // Debian's system bundle (the ca-certificates package): a real file of many CAs.
+    ("SHEAF_TLS_CA_FILE", "/etc/ssl/certs/ca-certificates.crt"),
 ];
 
 /// Settings that act only together with another one.

@@ -9,6 +9,7 @@
 //! the log store when it is ClickHouse. With the memory queue there is no outbox; the log store
 //! is the record, as it is for the memory backends.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -63,7 +64,15 @@ impl Stores {
                 .postgres_url
                 .as_deref()
                 .context("SHEAF_POSTGRES_URL is required")?;
-            Some(postgres::connect(url, &config.postgres_schema, migrate).await?)
+            Some(
+                postgres::connect(
+                    url,
+                    &config.postgres_schema,
+                    config.tls_ca_file.as_deref(),
+                    migrate,
+                )
+                .await?,
+            )
         } else {
             None
         };
@@ -78,8 +87,14 @@ impl Stores {
                     .clickhouse_url
                     .as_deref()
                     .context("SHEAF_CLICKHOUSE_URL is required")?;
-                clickhouse::connect(url, &config.clickhouse_database, config.log_write, migrate)
-                    .await?
+                clickhouse::connect(
+                    url,
+                    &config.clickhouse_database,
+                    config.tls_ca_file.as_deref(),
+                    config.log_write,
+                    migrate,
+                )
+                .await?
             }
         };
         let (queue, outbox): (Arc<dyn JobQueue>, _) = match config.queue {
@@ -111,6 +126,7 @@ impl Stores {
 mod postgres {
     use super::*;
     use sheaf_postgres::{PostgresConfig, PostgresStores as Stores};
+    use sheaf_tls::SslMode;
 
     pub(super) struct PostgresStores {
         pub log: Arc<dyn LogStore>,
@@ -122,10 +138,16 @@ mod postgres {
     pub(super) async fn connect(
         url: &str,
         schema: &str,
+        ca_file: Option<&Path>,
         migrate: bool,
     ) -> anyhow::Result<PostgresStores> {
-        let stores = Stores::new(PostgresConfig::new(url).with_schema(schema))
-            .context("invalid SHEAF_POSTGRES_URL or SHEAF_POSTGRES_SCHEMA")?;
+        let mut config = PostgresConfig::new(url).with_schema(schema);
+        config.ca_file = ca_file.map(Path::to_owned);
+        let tls = config
+            .tls()
+            .context("invalid SHEAF_POSTGRES_URL or SHEAF_TLS_CA_FILE")?;
+        let stores =
+            Stores::new(config).context("invalid SHEAF_POSTGRES_URL or SHEAF_POSTGRES_SCHEMA")?;
         if migrate {
             let applied = stores
                 .migrate()
@@ -135,12 +157,45 @@ mod postgres {
                 tracing::info!(?applied, schema, "postgres migrations applied");
             }
         }
+        report_encryption(&stores, tls.mode).await;
         Ok(PostgresStores {
             log: stores.log_store(),
             queue: stores.job_queue(),
             entities: stores.entity_store(),
             stores,
         })
+    }
+
+    /// Says in the log whether the pool's connections are encrypted: `sslmode=prefer` (the
+    /// default) quietly settles for plaintext when the server offers no TLS, and an operator
+    /// should not have to guess which happened.
+    async fn report_encryption(stores: &Stores, mode: SslMode) {
+        let verified = match mode {
+            SslMode::VerifyFull => "chain and host name",
+            SslMode::VerifyCa => "chain only",
+            _ => "not verified",
+        };
+        match stores.encryption().await {
+            Ok(Some((version, cipher))) => tracing::info!(
+                sslmode = %mode,
+                version,
+                cipher,
+                certificate = verified,
+                "postgres connection encrypted"
+            ),
+            Ok(None) if mode == SslMode::Disable => {
+                tracing::info!(sslmode = %mode, "postgres connection not encrypted");
+            }
+            Ok(None) => tracing::warn!(
+                sslmode = %mode,
+                "postgres connection is NOT encrypted: the server offers no TLS and sslmode=prefer \
+                 accepts that; set sslmode=verify-full in SHEAF_POSTGRES_URL to insist"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not tell whether the postgres connection is encrypted"
+            ),
+        }
     }
 }
 
@@ -154,6 +209,7 @@ mod clickhouse {
     pub(super) async fn connect(
         url: &str,
         database: &str,
+        ca_file: Option<&Path>,
         write: WriteConfig,
         migrate: bool,
     ) -> anyhow::Result<Arc<dyn LogStore>> {
@@ -166,6 +222,8 @@ mod clickhouse {
         let mut config = ClickHouseConfig::new(parsed.as_str().trim_end_matches('/'), database);
         config.user = user;
         config.password = password;
+        config.ca_file = ca_file.map(Path::to_owned);
+        let encrypted = parsed.scheme() == "https";
         // The service's own write coalescer in front of the store issues one `insert_many` at a
         // time, already gathered and bounded; the store's per-table coalescers then only ever see
         // one batch queued, so waiting there would add latency and gather nothing.
@@ -180,6 +238,14 @@ mod clickhouse {
                 .migrate()
                 .await
                 .context("cannot migrate the clickhouse log tables (SHEAF_CLICKHOUSE_URL)")?;
+        }
+        if encrypted {
+            tracing::info!(
+                certificate = "chain and host name",
+                "clickhouse connection encrypted (https)"
+            );
+        } else {
+            tracing::info!("clickhouse connection not encrypted (http)");
         }
         Ok(Arc::new(store))
     }

@@ -1,6 +1,7 @@
 //! Security: tenant tokens reach their own tenant only (every route walked from the route
 //! table), destination secrets are sealed in every store and never logged, the private-address
-//! guard holds at connect time, and redirects are not followed.
+//! guard holds at connect time (through the egress proxy too), redirects are not followed, and
+//! receivers behind a private CA are reached only when that CA is trusted.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -17,6 +18,7 @@ use sheaf_testenv::receiver::{Failing, Receiver};
 
 use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
 
+mod tls;
 mod walk;
 
 use walk::{fixture, forms, issue_token, secrets_of, send, stored_destination, victim_state};
