@@ -213,17 +213,15 @@ impl Sender {
             },
             Guard::BeforeProxy => check_url(&destination.url, false).await.err().map(|e| e.0),
         };
-        {
-            if let Some(reason) = refused {
-                return Delivered {
-                    code: None,
-                    success: false,
-                    body: None,
-                    error: Some(format!("refused before connecting: {reason}")),
-                    elapsed: started.elapsed(),
-                    retry_after: None,
-                };
-            }
+        if let Some(reason) = refused {
+            return Delivered {
+                code: None,
+                success: false,
+                body: None,
+                error: Some(format!("refused before connecting: {reason}")),
+                elapsed: started.elapsed(),
+                retry_after: None,
+            };
         }
         let sent = self
             .client
