@@ -323,10 +323,13 @@ impl ServerCertVerifier for Unverified {
 mod tests {
     use super::*;
 
-    fn temp_file(name: &str, contents: &str) -> PathBuf {
+    /// Why [`roots`] refuses a CA file holding `contents` (written to a temporary file `name`).
+    fn refusal(name: &str, contents: &str) -> String {
         let path = std::env::temp_dir().join(format!("sheaf-tls-{}-{name}", std::process::id()));
         std::fs::write(&path, contents).unwrap();
-        path
+        let err = roots(Some(&path)).expect_err("the file must be refused");
+        std::fs::remove_file(path).unwrap();
+        err.problem
     }
 
     #[test]
@@ -351,24 +354,20 @@ mod tests {
 
     #[test]
     fn a_file_without_certificates_is_refused() {
-        let path = temp_file("empty.pem", "this is not a certificate\n");
-        let err = load_certificates(&path).unwrap_err();
-        assert!(err.problem.contains("holds no PEM certificate"), "{err}");
-        std::fs::remove_file(path).unwrap();
+        let problem = refusal("empty.pem", "this is not a certificate\n");
+        assert!(problem.contains("holds no PEM certificate"), "{problem}");
     }
 
     #[test]
     fn a_garbled_certificate_is_refused_not_skipped() {
-        let path = temp_file(
+        let problem = refusal(
             "garbled.pem",
             "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n",
         );
-        let err = roots(Some(&path)).unwrap_err();
         assert!(
-            err.problem.contains("certificate 1 is not valid PEM"),
-            "{err}"
+            problem.contains("certificate 1 is not valid PEM"),
+            "{problem}"
         );
-        std::fs::remove_file(path).unwrap();
     }
 
     #[test]
@@ -388,16 +387,14 @@ mod tests {
     #[test]
     fn a_certificate_that_is_not_a_ca_is_refused() {
         // Well-formed PEM, but the DER inside is no certificate.
-        let path = temp_file(
+        let problem = refusal(
             "not-a-ca.pem",
             "-----BEGIN CERTIFICATE-----\nAAECAwQFBgcICQ==\n-----END CERTIFICATE-----\n",
         );
-        let err = roots(Some(&path)).unwrap_err();
         assert!(
-            err.problem.contains("no certificate usable as a CA"),
-            "{err}"
+            problem.contains("no certificate usable as a CA"),
+            "{problem}"
         );
-        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! guard holds at connect time (through the egress proxy too), redirects are not followed, and
 //! receivers behind a private CA are reached only when that CA is trusted.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,7 +21,10 @@ use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
 mod tls;
 mod walk;
 
-use walk::{fixture, forms, issue_token, secrets_of, send, stored_destination, victim_state};
+use walk::{
+    deliver_past_the_api, fixture, forms, issue_token, secrets_of, send, stored_destination,
+    victim_state,
+};
 
 const KEY: &str = "security-admin-key-0123456789";
 /// 32 bytes, base64: the token signing key of these tests.
@@ -462,67 +465,14 @@ async fn no_secret_reaches_the_logs_at_debug_level() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_refuses_loopback_at_connect_time() {
-    // The destinations are written straight into the store, as if their names had resolved
-    // to public addresses when they were created (the API refuses them now): the delivery
-    // itself must refuse to connect.
-    let stores = Stores::memory();
-    let raw = stores.entities.clone();
-    let config = Config::load(env_with(&[
-        ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "false"),
-        ("SHEAF_RETRY_MAX_ATTEMPTS", "1"),
-    ]))
-    .unwrap();
-    let server = sheaf_server::start_with(config, stores).await.unwrap();
-    let client = Client::new(server.addr);
     let receiver = Receiver::start().await.expect("the receiver binds");
-    assert_eq!(
-        client
-            .send("PUT", "/api/v1/tenants/guarded", None)
-            .await
-            .status,
-        201
-    );
-    let tenant = TenantId::new("guarded").unwrap();
     let port = receiver.addr.port();
-    let mut ids = HashMap::new();
-    for (name, url) in [
+    let targets = [
         ("name", format!("http://localhost:{port}/hook")),
         ("literal", format!("http://127.0.0.1:{port}/hook")),
         ("mapped", format!("http://[::ffff:127.0.0.1]:{port}/hook")),
-    ] {
-        let topics = Topics::from_list(vec![format!("guard.{name}")]).unwrap();
-        let destination = stored_destination(
-            &tenant,
-            url,
-            topics,
-            "whsec_Z3VhcmQtc2VjcmV0LTAxMjM0NTY3ODlhYmNkZWY=",
-        );
-        raw.create_destination(&destination).await.unwrap();
-        ids.insert(name, destination.id);
-    }
-    for name in ids.keys() {
-        let published = client
-            .send(
-                "POST",
-                "/api/v1/publish",
-                Some(
-                    json!({ "tenant_id": "guarded", "topic": format!("guard.{name}"),
-                             "data": {}, "id": format!("guard-{name}") }),
-                ),
-            )
-            .await;
-        assert_eq!(published.status, 202, "{published:?}");
-    }
-    for name in ids.keys() {
-        let event = format!("guard-{name}");
-        let mut attempt = Value::Null;
-        for _ in 0..100 {
-            if let Some(first) = client.attempts_of("guarded", &event).await.first() {
-                attempt = first.clone();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    ];
+    for (name, attempt) in deliver_past_the_api(&[], &targets).await {
         assert_eq!(attempt["status"], "failed", "{name}: {attempt}");
         let error = attempt["error"].as_str().unwrap_or_default();
         assert!(error.contains("not a public address"), "{name}: {error}");
@@ -532,7 +482,6 @@ async fn the_guard_refuses_loopback_at_connect_time() {
         receiver.deliveries().is_empty(),
         "nothing reached the loopback receiver"
     );
-    server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

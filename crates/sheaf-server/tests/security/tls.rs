@@ -5,18 +5,16 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
-use sheaf_server::{Config, Stores};
-use sheaf_store::{TenantId, Topics};
+use sheaf_server::Config;
 use sheaf_testenv::receiver::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::walk::stored_destination;
+use super::walk::{deliver_past_the_api, first_attempt};
 use crate::support::{Client, env_with, start_server};
 
 const CA_VAR: &str = "SHEAF_TEST_TLS_CA_FILE";
@@ -184,17 +182,6 @@ impl ConnectProxy {
     }
 }
 
-/// The first attempt of `event`, waiting up to 10 s for it.
-async fn first_attempt(client: &Client, tenant: &str, event: &str) -> Value {
-    for _ in 0..100 {
-        if let Some(first) = client.attempts_of(tenant, event).await.first() {
-            return first.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no attempt of {event} within 10 s");
-}
-
 /// Publishes one event to `tenant`'s destination at `url` on a server with `env`, and returns
 /// its first attempt.
 async fn deliver_once(env: &[(&str, &str)], tenant: &str, url: &str) -> Value {
@@ -283,28 +270,8 @@ async fn deliveries_go_through_the_egress_proxy_and_the_guard_still_holds() {
         "the one delivery went through the proxy"
     );
 
-    // Guard on: destinations on loopback are written straight into the store (the API refuses
-    // them), as if their names had been public when they were created. The proxy itself is on
-    // loopback, which is allowed: the operator chose it.
-    let stores = Stores::memory();
-    let raw = stores.entities.clone();
-    let config = Config::load(env_with(&[
-        ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "false"),
-        ("SHEAF_EGRESS_PROXY", &proxy_url),
-        ("SHEAF_TLS_CA_FILE", &ca),
-        ("SHEAF_RETRY_MAX_ATTEMPTS", "1"),
-    ]))
-    .unwrap();
-    let server = sheaf_server::start_with(config, stores).await.unwrap();
-    let client = Client::new(server.addr);
-    assert_eq!(
-        client
-            .send("PUT", "/api/v1/tenants/guarded", None)
-            .await
-            .status,
-        201
-    );
-    let tenant = TenantId::new("guarded").unwrap();
+    // Guard on, through the same proxy: destinations on loopback must be refused before the
+    // proxy is asked. The proxy itself is on loopback, which is allowed: the operator chose it.
     let port = receiver.addr.port();
     let plain = Receiver::start().await.expect("the receiver binds");
     let targets = [
@@ -315,32 +282,11 @@ async fn deliveries_go_through_the_egress_proxy_and_the_guard_still_holds() {
             format!("http://127.0.0.1:{}/hook", plain.addr.port()),
         ),
     ];
-    for (name, url) in &targets {
-        let topics = Topics::from_list(vec![format!("guard.{name}")]).unwrap();
-        let destination = stored_destination(
-            &tenant,
-            url.clone(),
-            topics,
-            "whsec_Z3VhcmQtc2VjcmV0LTAxMjM0NTY3ODlhYmNkZWY=",
-        );
-        raw.create_destination(&destination).await.unwrap();
-    }
-    // Published after every destination exists: the service caches a tenant's destinations.
-    for (name, _) in &targets {
-        let published = client
-            .send(
-                "POST",
-                "/api/v1/publish",
-                Some(
-                    json!({ "tenant_id": "guarded", "topic": format!("guard.{name}"),
-                             "data": {}, "id": format!("guard-{name}") }),
-                ),
-            )
-            .await;
-        assert_eq!(published.status, 202, "{published:?}");
-    }
-    for (name, _) in &targets {
-        let attempt = first_attempt(&client, "guarded", &format!("guard-{name}")).await;
+    let env = [
+        ("SHEAF_EGRESS_PROXY", proxy_url.as_str()),
+        ("SHEAF_TLS_CA_FILE", &ca),
+    ];
+    for (name, attempt) in deliver_past_the_api(&env, &targets).await {
         assert_eq!(attempt["status"], "failed", "{name}: {attempt}");
         let error = attempt["error"].as_str().unwrap_or_default();
         assert!(
@@ -349,7 +295,6 @@ async fn deliveries_go_through_the_egress_proxy_and_the_guard_still_holds() {
         );
         assert!(error.contains("not a public address"), "{name}: {error}");
     }
-    server.shutdown().await;
     assert_eq!(
         proxy.seen().len(),
         1,

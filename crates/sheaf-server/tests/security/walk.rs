@@ -1,15 +1,17 @@
 //! What the security tests share: the fixture a route walk fills paths and bodies from, the
-//! victim's state the walk must leave alone, and the forms a secret may leak in.
+//! victim's state the walk must leave alone, the forms a secret may leak in, and deliveries to
+//! destinations written past the API's guard.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use sheaf_server::http::routes::Route;
+use sheaf_server::{Config, Stores};
 use sheaf_store::{Destination, DestinationId, TenantId, Timestamp, Topics};
 use sheaf_testenv::receiver::Receiver;
 
-use crate::support::{Answer, Client};
+use crate::support::{Answer, Client, env_with};
 
 /// Everything a walk needs to fill a route's path and body for one tenant.
 pub(super) struct Fixture {
@@ -165,4 +167,69 @@ pub(super) fn stored_destination(
         created_at: now,
         updated_at: now,
     }
+}
+
+/// The first attempt of `event`, waiting up to 10 s for it.
+pub(super) async fn first_attempt(client: &Client, tenant: &str, event: &str) -> Value {
+    for _ in 0..100 {
+        if let Some(first) = client.attempts_of(tenant, event).await.first() {
+            return first.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no attempt of {event} within 10 s");
+}
+
+/// Delivers one event to each `(name, url)` on a server with the private-destination guard on
+/// (and `env`), and returns each one's first attempt, by name. The destinations are written
+/// straight into the store, as if their names had resolved to public addresses when they were
+/// created (the API refuses them now): only the delivery itself can refuse them.
+pub(super) async fn deliver_past_the_api(
+    env: &[(&str, &str)],
+    targets: &[(&str, String)],
+) -> Vec<(String, Value)> {
+    let stores = Stores::memory();
+    let raw = stores.entities.clone();
+    let mut settings = vec![
+        ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "false"),
+        ("SHEAF_RETRY_MAX_ATTEMPTS", "1"),
+    ];
+    settings.extend_from_slice(env);
+    let config = Config::load(env_with(&settings)).unwrap();
+    let server = sheaf_server::start_with(config, stores).await.unwrap();
+    let client = Client::new(server.addr);
+    let put = client.send("PUT", "/api/v1/tenants/guarded", None).await;
+    assert_eq!(put.status, 201, "{put:?}");
+    let tenant = TenantId::new("guarded").unwrap();
+    for (name, url) in targets {
+        let topics = Topics::from_list(vec![format!("guard.{name}")]).unwrap();
+        let destination = stored_destination(
+            &tenant,
+            url.clone(),
+            topics,
+            "whsec_Z3VhcmQtc2VjcmV0LTAxMjM0NTY3ODlhYmNkZWY=",
+        );
+        raw.create_destination(&destination).await.unwrap();
+    }
+    // Published after every destination exists: the service caches a tenant's destinations.
+    for (name, _) in targets {
+        let published = client
+            .send(
+                "POST",
+                "/api/v1/publish",
+                Some(
+                    json!({ "tenant_id": "guarded", "topic": format!("guard.{name}"),
+                             "data": {}, "id": format!("guard-{name}") }),
+                ),
+            )
+            .await;
+        assert_eq!(published.status, 202, "{published:?}");
+    }
+    let mut attempts = Vec::new();
+    for (name, _) in targets {
+        let attempt = first_attempt(&client, "guarded", &format!("guard-{name}")).await;
+        attempts.push(((*name).to_owned(), attempt));
+    }
+    server.shutdown().await;
+    attempts
 }
