@@ -408,12 +408,12 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         env.extend(app.cdc_env(tenant));
-        // The first process publishes whole transactions, the second one row per message:
+        // The first process publishes one row per message, the second whole transactions:
         // event ids come from WAL positions, not from how rows were batched, so a change
-        // re-read in the other shape is still recognised.
-        let mut first_env = env.clone();
-        first_env.push(("SHEAF_CDC_BATCH_TRANSACTIONS".into(), "true".into()));
-        let first = spawn_with(&first_env).await;
+        // re-read in the other shape is still recognised. Row by row, the first process
+        // takes long enough over the workload's first large transaction for the kill to
+        // land inside it.
+        let first = spawn_with(&env).await;
         let client = Client::new(first.addr);
         client
             .tenant_with_destination(tenant, &receiver.url())
@@ -445,16 +445,33 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
             })
         };
 
-        // Mid-stream: some events delivered, more still being written and read.
-        wait_until!("the first 200 events delivered", Duration::from_secs(90), {
-            receiver.delivered_ids().len() >= 200
-        });
+        // Mid-stream and mid-transaction: a quarter of the first large transaction published.
+        // Postgres sends a transaction again, whole, to a reader that restarts before the
+        // slot passed its commit, so the restarted process must read that quarter again and
+        // recognise it as published.
+        let (large, large_rows) = transactions
+            .iter()
+            .enumerate()
+            .find(|(_, ops)| ops.len() >= 500)
+            .map(|(i, ops)| (i, ops.len()))
+            .expect("the workload has a large transaction");
+        let before_large = transactions[..large].iter().map(Vec::len).sum::<usize>() as f64;
+        let published_at_kill = wait_metric(
+            &client,
+            "sheaf_cdc_events_published_total",
+            Duration::from_secs(90),
+            |v| v >= before_large + large_rows as f64 / 4.0,
+        )
+        .await;
         let committed_at_kill = committed.load(Ordering::Relaxed);
         let delivered_at_kill = receiver.delivered_ids().len();
         kill(first);
         let killed = Instant::now();
+        let killed_inside_large = published_at_kill < before_large + large_rows as f64;
 
-        let second = spawn_with(&env).await;
+        let mut second_env = env.clone();
+        second_env.push(("SHEAF_CDC_BATCH_TRANSACTIONS".into(), "true".into()));
+        let second = spawn_with(&second_env).await;
         let listening = killed.elapsed();
         let client = Client::new(second.addr);
         wait_metric(
@@ -533,14 +550,23 @@ async fn sigkilled_mid_stream_and_restarted_no_change_is_missing_or_two_events()
         let repeats_recognised = client.metric("sheaf_cdc_event_repeats_total").await;
         assert!(
             repeats_recognised > 0.0,
-            "the restart re-read changes published before the kill"
+            "the restart re-read changes published before the kill ({published_at_kill} \
+             published at the kill, the large transaction being changes {before_large}..{}: \
+             {})",
+            before_large + large_rows as f64,
+            if killed_inside_large {
+                "the kill landed inside it"
+            } else {
+                "the kill came after it"
+            }
         );
         let requests = deliveries.len();
         let repeated = receiver.duplicates();
         println!(
             "cdc end to end (postgres queue + clickhouse log, SIGKILL mid-stream): \
              {changes_written} changes written in {} transactions (writer at {committed_at_kill} \
-             when killed, {delivered_at_kill} events delivered by then); {} events in the log; \
+             when killed, {published_at_kill} events published and {delivered_at_kill} delivered \
+             by then); {} events in the log; \
              {requests} webhook deliveries, {repeated} repeated (at-least-once, same webhook-id); \
              {repeats_recognised} changes re-read after the restart and recognised as published; \
              recovery after SIGKILL: listening {} ms, streaming {} ms, first change {} ms, \
