@@ -178,6 +178,9 @@ impl EntityStore for MemoryEntityStore {
         if let Some(topics) = &patch.topics {
             destination.topics = topics.clone();
         }
+        if let Some(filter) = &patch.filter {
+            destination.filter = filter.clone();
+        }
         if let Some(headers) = &patch.headers {
             destination.headers = headers.clone();
         }

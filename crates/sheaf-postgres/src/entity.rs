@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use sheaf_store::{
-    Destination, DestinationId, DestinationKind, DestinationPatch, EntityStore, Error,
+    Destination, DestinationId, DestinationKind, DestinationPatch, EntityStore, Error, Filter,
     PreviousSecret, Result, Secret, Tenant, TenantId, TenantUpsert, Timestamp, Topics,
 };
 use sqlx::postgres::PgRow;
@@ -16,7 +16,7 @@ use crate::db::{Db, get, get_opt_time, get_time};
 use crate::error::{decode, from_sqlx};
 
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, url, topics, headers, enabled, secret, \
-     previous_secret, previous_secret_expires_at, created_at, updated_at";
+     previous_secret, previous_secret_expires_at, created_at, updated_at, filter";
 
 #[derive(Debug)]
 struct Statements {
@@ -54,7 +54,7 @@ impl Statements {
             // (Conflict), whichever tenant holds it.
             create_destination: format!(
                 "INSERT INTO {s}.destinations ({DESTINATION_COLUMNS})
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             ),
             get_destination: format!(
                 "SELECT {DESTINATION_COLUMNS} FROM {s}.destinations
@@ -64,11 +64,13 @@ impl Statements {
                 "SELECT {DESTINATION_COLUMNS} FROM {s}.destinations
                  WHERE tenant_id = $1 ORDER BY id"
             ),
-            // One statement, so two patches never race through a read-modify-write.
+            // One statement, so two patches never race through a read-modify-write. The filter
+            // can be cleared, so a flag ($7) says whether $8 replaces it.
             update_destination: format!(
                 "UPDATE {s}.destinations
                  SET url = COALESCE($3, url), topics = COALESCE($4, topics),
-                     headers = COALESCE($5, headers), enabled = COALESCE($6, enabled), {touch}
+                     headers = COALESCE($5, headers), enabled = COALESCE($6, enabled),
+                     filter = CASE WHEN $7 THEN $8 ELSE filter END, {touch}
                  WHERE tenant_id = $1 AND id = $2
                  RETURNING {DESTINATION_COLUMNS}"
             ),
@@ -123,6 +125,10 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
     let kind: String = get(row, "kind")?;
     let topics: Vec<String> = get(row, "topics")?;
     let headers: Json<BTreeMap<String, String>> = get(row, "headers")?;
+    let filter: Option<Json<serde_json::Value>> = get(row, "filter")?;
+    let filter = filter
+        .map(|Json(source)| Filter::parse(source).map_err(|e| decode(reading, e)))
+        .transpose()?;
     let previous: Option<String> = get(row, "previous_secret")?;
     let previous_expires = get_opt_time(row, "previous_secret_expires_at")?;
     let previous_secret = match (previous, previous_expires) {
@@ -138,6 +144,7 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
         kind: DestinationKind::from_str(&kind).map_err(|e| decode(reading, e))?,
         url: get(row, "url")?,
         topics: Topics::from_list(topics).map_err(|e| decode(reading, e))?,
+        filter,
         headers: headers.0,
         enabled: get(row, "enabled")?,
         secret: Secret::new(get::<String>(row, "secret")?).map_err(|e| decode(reading, e))?,
@@ -206,6 +213,7 @@ impl EntityStore for PostgresEntityStore {
             .bind(previous.map(|p| p.expires_at.as_datetime()))
             .bind(destination.created_at.as_datetime())
             .bind(destination.updated_at.as_datetime())
+            .bind(destination.filter.as_ref().map(|f| Json(f.source())))
             .execute(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("creating a destination", e))?;
@@ -248,6 +256,14 @@ impl EntityStore for PostgresEntityStore {
             .bind(patch.topics.as_ref().map(Topics::to_list))
             .bind(patch.headers.as_ref().map(Json))
             .bind(patch.enabled)
+            .bind(patch.filter.is_some())
+            .bind(
+                patch
+                    .filter
+                    .as_ref()
+                    .and_then(Option::as_ref)
+                    .map(|f| Json(f.source())),
+            )
             .fetch_optional(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("updating a destination", e))?;

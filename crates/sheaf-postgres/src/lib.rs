@@ -21,7 +21,8 @@
 //! - **Outbox**: with the queue here, a publish commits its event and jobs in one statement, and an
 //!   attempt commits with its job's outcome; see [`PostgresOutbox`] and
 //!   `migrations/0004_outbox.sql`.
-//! - **Entities**: `tenants` and `destinations`, secrets stored as given.
+//! - **Entities**: `tenants` and `destinations`, secrets stored as given; a destination's payload
+//!   filter is a `jsonb` column holding the filter as the API accepted it.
 //! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
 //!   server is [`sheaf_store::Error::Unavailable`], never a panic.
 //!

@@ -47,6 +47,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "outbox",
         sql: include_str!("../migrations/0004_outbox.sql"),
     },
+    Migration {
+        version: 5,
+        name: "destination_filter",
+        sql: include_str!("../migrations/0005_destination_filter.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

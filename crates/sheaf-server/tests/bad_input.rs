@@ -242,6 +242,35 @@ async fn unknown_fields_are_refused_by_name_and_bodies_must_be_objects() {
             "{message}"
         );
     }
+    // `null` is not a value for a field the document does not make nullable: refused, not
+    // read as "absent" (a PATCH's `filter` is the nullable one: null removes it).
+    let created = admin
+        .send(
+            "POST",
+            "/api/v1/tenants/t1/destinations",
+            Some(json!({ "type": "webhook", "topics": ["*"], "config": { "url": "http://127.0.0.1:1/" } })),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let path = format!(
+        "/api/v1/tenants/t1/destinations/{}",
+        created.body["id"].as_str().unwrap()
+    );
+    for (method, path, body) in [
+        (
+            "POST",
+            "/api/v1/tenants/t1/destinations",
+            json!({ "type": "webhook", "topics": ["*"], "config": { "url": "http://127.0.0.1:1/" }, "enabled": null }),
+        ),
+        ("PATCH", path.as_str(), json!({ "enabled": null })),
+        ("PATCH", path.as_str(), json!({ "topics": null })),
+        ("PATCH", path.as_str(), json!({ "config": { "url": null } })),
+    ] {
+        let answer = admin.send(method, path, Some(body.clone())).await;
+        assert_error(&answer, 400, "invalid_request");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("invalid type: null"), "{body}: {message}");
+    }
     // An array of a struct's fields is not an object, even where serde would take it.
     let answer = admin
         .send_raw(

@@ -2,6 +2,7 @@
 //!
 //! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
+//! - `controls`: destination controls on every backend: payload filters.
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
 //! - `observability`: request ids, the request timeout, JSON logs.
 //! - `traces`: OpenTelemetry spans received by an OTLP collector in the test, and `traceparent`.
@@ -17,6 +18,7 @@ mod api;
 mod bad_input;
 mod binary;
 mod cdc;
+mod controls;
 mod delivery;
 mod observability;
 mod schemathesis;

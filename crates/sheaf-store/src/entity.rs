@@ -6,7 +6,7 @@ use std::fmt;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::{DestinationId, Error, Result, TenantId, Timestamp};
+use crate::{DestinationId, Error, Filter, Result, TenantId, Timestamp};
 
 /// A tenant: the owner of destinations and events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,6 +177,8 @@ pub struct Destination {
     pub url: String,
     /// Which events it receives.
     pub topics: Topics,
+    /// Of the events whose topic it receives, which it receives: `None` for all.
+    pub filter: Option<Filter>,
     /// Extra HTTP headers sent with every delivery, by name.
     pub headers: BTreeMap<String, String>,
     /// Disabled destinations keep their configuration but receive nothing.
@@ -192,6 +194,12 @@ pub struct Destination {
 }
 
 impl Destination {
+    /// Whether an event with `topic` and `data` is for this destination: its topic is one it
+    /// receives and its payload filter, if any, matches. Says nothing about `enabled`.
+    pub fn wants(&self, topic: &str, data: &serde_json::Value) -> bool {
+        self.topics.matches(topic) && self.filter.as_ref().is_none_or(|f| f.matches(topic, data))
+    }
+
     /// The secrets to sign with at `now`: the current one, then the previous one if it has not
     /// expired (Standard Webhooks sends one signature per secret during a rotation).
     pub fn signing_secrets(&self, now: Timestamp) -> Vec<&Secret> {
@@ -212,6 +220,8 @@ pub struct DestinationPatch {
     pub url: Option<String>,
     /// A new topics filter.
     pub topics: Option<Topics>,
+    /// A new payload filter (`Some(Some(_))`), or none any more (`Some(None)`).
+    pub filter: Option<Option<Filter>>,
     /// A new set of custom headers (replacing the old set whole).
     pub headers: Option<BTreeMap<String, String>>,
     /// Enable or disable.

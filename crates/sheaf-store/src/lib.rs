@@ -32,6 +32,7 @@
 
 pub mod entity;
 mod error;
+pub mod filter;
 pub mod ids;
 pub mod log;
 pub mod outbox;
@@ -47,6 +48,7 @@ pub use entity::{
     TenantUpsert, Topics,
 };
 pub use error::{Error, ErrorKind, Result, SharedSource};
+pub use filter::{Filter, FilterError};
 pub use ids::{AttemptId, DestinationId, EventId, JobId, TenantId};
 pub use log::{
     Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Event, EventFilter,

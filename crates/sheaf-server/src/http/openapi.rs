@@ -89,6 +89,73 @@ fn topics_schema() -> Value {
     })
 }
 
+/// The payload filter language (`sheaf_store::filter`) as JSON Schema, one component per kind of
+/// condition: what the document accepts, the service accepts (up to its depth and size limits,
+/// which JSON Schema cannot count). Topic conditions are the value ones without field objects.
+fn filter_schemas() -> Vec<(&'static str, Value)> {
+    let reference = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
+    let literal = json!({ "type": ["string", "number", "boolean", "null", "array"] });
+    let ordered = json!({ "type": ["string", "number"] });
+    let listed = json!({ "type": "array", "maxItems": sheaf_store::filter::MAX_LIST });
+    let operators = |condition: &str| {
+        let conditions = json!({ "type": "array", "minItems": 1, "items": reference(condition) });
+        json!({
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": false,
+            "properties": {
+                "$eq": {}, "$neq": {},
+                "$gt": ordered, "$gte": ordered, "$lt": ordered, "$lte": ordered,
+                "$in": listed, "$nin": listed,
+                "$exists": { "type": "boolean" },
+                "$and": conditions, "$or": conditions, "$not": reference(condition)
+            }
+        })
+    };
+    let logical = |condition: &str| {
+        let conditions = json!({ "type": "array", "minItems": 1, "items": reference(condition) });
+        json!({ "$and": conditions, "$or": conditions, "$not": reference(condition) })
+    };
+    vec![
+        (
+            "Filter",
+            json!({
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": false,
+                "properties": {
+                    "topic": reference("FilterTopicCondition"),
+                    "data": reference("FilterCondition"),
+                    "$and": { "type": "array", "minItems": 1, "items": reference("Filter") },
+                    "$or": { "type": "array", "minItems": 1, "items": reference("Filter") },
+                    "$not": reference("Filter")
+                },
+                "description": "Matched against {\"topic\", \"data\"} of each event; see docs/api.md. At most 32 levels deep and 256 tests in all, each value of $in or $nin counting as one; a list holds at most 100 values."
+            }),
+        ),
+        (
+            "FilterCondition",
+            json!({ "anyOf": [literal, reference("FilterOperators"), reference("FilterFields")] }),
+        ),
+        ("FilterOperators", operators("FilterCondition")),
+        (
+            "FilterFields",
+            json!({
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": false,
+                "patternProperties": { "^(?:[^$]|$)": reference("FilterCondition") },
+                "properties": logical("FilterCondition")
+            }),
+        ),
+        (
+            "FilterTopicCondition",
+            json!({ "anyOf": [literal, reference("FilterTopicOperators")] }),
+        ),
+        ("FilterTopicOperators", operators("FilterTopicCondition")),
+    ]
+}
+
 /// The component schemas the route table names.
 fn schemas(config: &Config) -> Value {
     let timestamp = json!({ "type": "string", "format": "date-time" });
@@ -167,6 +234,7 @@ fn schemas(config: &Config) -> Value {
             "properties": {
                 "type": { "const": "webhook" },
                 "topics": topics_schema(),
+                "filter": { "anyOf": [{ "$ref": "#/components/schemas/Filter" }, { "type": "null" }] },
                 "config": {
                     "type": "object",
                     "required": ["url"],
@@ -182,6 +250,10 @@ fn schemas(config: &Config) -> Value {
             "additionalProperties": false,
             "properties": {
                 "topics": topics_schema(),
+                "filter": {
+                    "anyOf": [{ "$ref": "#/components/schemas/Filter" }, { "type": "null" }],
+                    "description": "A new payload filter, or null for none"
+                },
                 "config": {
                     "type": "object",
                     "additionalProperties": false,
@@ -193,12 +265,13 @@ fn schemas(config: &Config) -> Value {
         },
         "Destination": {
             "type": "object",
-            "required": ["id", "tenant_id", "type", "topics", "config", "headers", "enabled", "credentials", "created_at", "updated_at"],
+            "required": ["id", "tenant_id", "type", "topics", "filter", "config", "headers", "enabled", "credentials", "created_at", "updated_at"],
             "properties": {
                 "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
                 "type": { "const": "webhook" },
                 "topics": { "type": "array", "items": { "type": "string" } },
+                "filter": { "type": ["object", "null"], "description": "The payload filter as given, or null" },
                 "config": { "type": "object", "required": ["url"], "properties": { "url": { "type": "string" } } },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "enabled": { "type": "boolean" },
@@ -431,6 +504,10 @@ pub fn document(config: &Config) -> Value {
             .or_insert_with(|| Value::Object(Map::new()));
         entry[route.method.as_str().to_ascii_lowercase()] = operation;
     }
+    let mut components = schemas(config);
+    for (name, schema) in filter_schemas() {
+        components[name] = schema;
+    }
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -440,7 +517,7 @@ pub fn document(config: &Config) -> Value {
         },
         "paths": paths,
         "components": {
-            "schemas": schemas(config),
+            "schemas": components,
             "securitySchemes": {
                 "adminKey": { "type": "http", "scheme": "bearer", "description": "SHEAF_API_KEY: every protected route" },
                 "tenantToken": { "type": "http", "scheme": "bearer", "description": "A tenant token (POST /api/v1/tenants/{tenant_id}/tokens): that tenant's routes and publishes only" }

@@ -5,8 +5,9 @@
 //! 3. A publisher-chosen id is looked up in the log store (coalesced `get_events`); found, it
 //!    is a repeat too (see below).
 //! 4. The event goes into the fresh-event cache, then to the log store through the write
-//!    coalescer; only when that write is durable are the jobs enqueued, one per matching,
-//!    enabled destination, with ids derived from (tenant, event, destination).
+//!    coalescer; only when that write is durable are the jobs enqueued, one per enabled
+//!    destination whose topics and payload filter match (`matches`), with ids derived from
+//!    (tenant, event, destination). An event no destination wants costs no job.
 //! 5. 202 once both are durable.
 //!
 //! Because the log write completes before the enqueue, "the event is in the log" implies
@@ -92,8 +93,10 @@ pub(crate) fn job_for(event: &Event, destination: &Destination, now: Timestamp) 
     }
 }
 
+/// Whether `event` gets a job for `destination`: enabled, a topic it receives, and its payload
+/// filter (if any) matches. Decided here, at publish, so an event a filter refuses costs no job.
 pub(crate) fn matches(destination: &Destination, event: &Event) -> bool {
-    destination.enabled && destination.topics.matches(&event.topic)
+    destination.enabled && destination.wants(&event.topic, &event.data)
 }
 
 /// Publishes an event whose body passed [`crate::ingest::body::validate_publish`]: see the

@@ -160,6 +160,7 @@ pub(super) fn stored_destination(
         kind: sheaf_store::DestinationKind::Webhook,
         url,
         topics,
+        filter: None,
         headers: Default::default(),
         enabled: true,
         secret: sheaf_store::Secret::new(secret).unwrap(),

@@ -105,6 +105,7 @@ pub fn destination(tenant: &TenantId) -> Destination {
         kind: DestinationKind::Webhook,
         url: "https://example.com/hooks/sheaf".to_owned(),
         topics: Topics::All,
+        filter: None,
         headers: BTreeMap::from([("x-team".to_owned(), "payments".to_owned())]),
         enabled: true,
         secret: secret(),

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sheaf_store::{
-    Destination, DestinationId, DestinationKind, DestinationPatch, Timestamp, Topics,
+    Destination, DestinationId, DestinationKind, DestinationPatch, Filter, Timestamp, Topics,
 };
 
 use crate::delivery::guard::check_url;
@@ -31,6 +31,7 @@ fn destination_json(d: &Destination) -> Value {
         "tenant_id": d.tenant_id,
         "type": d.kind.as_str(),
         "topics": d.topics,
+        "filter": d.filter.as_ref().map(Filter::source),
         "config": { "url": d.url },
         "headers": d.headers,
         "enabled": d.enabled,
@@ -58,31 +59,62 @@ pub(crate) struct DestinationInput {
     #[serde(rename = "type")]
     kind: String,
     topics: Vec<String>,
+    #[serde(default)]
+    filter: Option<Value>,
     config: WebhookConfig,
     #[serde(default)]
     headers: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     enabled: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PatchConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DestinationPatchInput {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     topics: Option<Vec<String>>,
-    #[serde(default)]
+    /// Absent: unchanged; `null`: cleared; an object: replaced.
+    #[serde(default, deserialize_with = "present")]
+    filter: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "not_null")]
     config: Option<PatchConfig>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     headers: Option<BTreeMap<String, String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     enabled: Option<bool>,
+}
+
+/// An optional field that, when given, must be a value: `null` is refused ("invalid type: null,
+/// expected a boolean") rather than read as "absent", as the OpenAPI document says.
+fn not_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+/// Tells a field given as `null` (`Some(None)`) from an absent one (`None`, through `default`).
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<Value>>, D::Error> {
+    Option::<Value>::deserialize(deserializer).map(Some)
+}
+
+/// A payload filter, refused with the path of what is wrong in it (`filter.data.total.$gte: …`).
+/// `null` is the same as no filter.
+fn check_filter(source: Option<Value>) -> Result<Option<Filter>, ApiError> {
+    match source {
+        None | Some(Value::Null) => Ok(None),
+        Some(source) => Filter::parse(source)
+            .map(Some)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_filter", e.to_string())),
+    }
 }
 
 fn check_topics(topics: Vec<String>) -> Result<Topics, ApiError> {
@@ -153,6 +185,7 @@ pub(crate) async fn create_destination(
     let tenant = existing_tenant(&core, raw).await?;
     let kind: DestinationKind = input.kind.parse()?;
     let topics = check_topics(input.topics)?;
+    let filter = check_filter(input.filter)?;
     check_headers(&input.headers)?;
     let url = checked_url(&core, &input.config.url).await?;
     let now = Timestamp::now();
@@ -162,6 +195,7 @@ pub(crate) async fn create_destination(
         kind,
         url,
         topics,
+        filter,
         headers: input.headers,
         enabled: input.enabled.unwrap_or(true),
         secret: generate_secret(),
@@ -222,6 +256,7 @@ pub(crate) async fn patch_destination(
     ApiJson(input): ApiJson<DestinationPatchInput>,
 ) -> ApiResult {
     let topics = input.topics.map(check_topics).transpose()?;
+    let filter = input.filter.map(check_filter).transpose()?;
     if let Some(headers) = &input.headers {
         check_headers(headers)?;
     }
@@ -232,6 +267,7 @@ pub(crate) async fn patch_destination(
     let patch = DestinationPatch {
         url,
         topics,
+        filter,
         headers: input.headers,
         enabled: input.enabled,
     };

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::assert_kind;
 use crate::testkit::fixtures::{destination, secret, unique_tenant};
 use crate::{
-    Destination, DestinationId, DestinationPatch, EntityStore, ErrorKind, PreviousSecret, TenantId,
-    Timestamp, Topics,
+    Destination, DestinationId, DestinationPatch, EntityStore, ErrorKind, Filter, PreviousSecret,
+    TenantId, Timestamp, Topics,
 };
 
 fn metadata(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -209,6 +209,93 @@ pub async fn destination_crud(store: &dyn EntityStore) {
             .expect("list")
             .is_empty()
     );
+    store
+        .delete_tenant(&tenant)
+        .await
+        .expect("delete_tenant failed");
+}
+
+/// A payload filter comes back as given (operators, nested paths, fractional numbers, non-ASCII
+/// text), a patch replaces it or clears it, and a patch that does not name it keeps it.
+pub async fn destination_filters_are_kept_replaced_and_cleared(store: &dyn EntityStore) {
+    let tenant = make_tenant(store, "entity-filter").await;
+    let parse = |json: serde_json::Value| Filter::parse(json).expect("a valid filter");
+    let first = parse(serde_json::json!({
+        "topic": { "$in": ["order.paid", "order.refunded"] },
+        "data": {
+            "total": { "$gte": 99.5 },
+            "customer": { "country": "Österreich" },
+            "$or": [{ "tags": "vip" }, { "items": { "sku": { "$exists": true } } }],
+        },
+    }));
+    let original = Destination {
+        filter: Some(first.clone()),
+        ..destination(&tenant)
+    };
+    store
+        .create_destination(&original)
+        .await
+        .expect("create_destination failed");
+    let read = get(store, &tenant, &original.id).await.expect("created");
+    assert_eq!(read.filter.as_ref(), Some(&first), "the filter as created");
+    assert_eq!(
+        read.filter.as_ref().map(Filter::source),
+        Some(first.source())
+    );
+
+    let url = DestinationPatch {
+        url: Some("https://example.org/filtered".to_owned()),
+        ..Default::default()
+    };
+    let after_url = store
+        .update_destination(&tenant, &original.id, &url)
+        .await
+        .expect("patch url");
+    let expected = Destination {
+        url: "https://example.org/filtered".to_owned(),
+        ..original.clone()
+    };
+    check_mutation(
+        store,
+        &after_url,
+        &expected,
+        "a patch that does not name the filter",
+    )
+    .await;
+
+    let second = parse(serde_json::json!({ "data": { "kind": { "$neq": "test" } } }));
+    let replace = DestinationPatch {
+        filter: Some(Some(second.clone())),
+        ..Default::default()
+    };
+    let replaced = store
+        .update_destination(&tenant, &original.id, &replace)
+        .await
+        .expect("patch filter");
+    let expected = Destination {
+        filter: Some(second),
+        ..after_url.clone()
+    };
+    check_mutation(store, &replaced, &expected, "replacing the filter").await;
+
+    let clear = DestinationPatch {
+        filter: Some(None),
+        ..Default::default()
+    };
+    let cleared = store
+        .update_destination(&tenant, &original.id, &clear)
+        .await
+        .expect("clear filter");
+    let expected = Destination {
+        filter: None,
+        ..replaced.clone()
+    };
+    check_mutation(store, &cleared, &expected, "clearing the filter").await;
+    let listed = store
+        .list_destinations(&tenant)
+        .await
+        .expect("list_destinations failed");
+    assert_eq!(listed, vec![cleared], "the listing agrees");
     store
         .delete_tenant(&tenant)
         .await

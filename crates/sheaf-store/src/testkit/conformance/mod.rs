@@ -100,6 +100,7 @@ pub async fn run_entity_store(store: &dyn EntityStore) {
             entity::tenant_upsert_get_delete,
             entity::destination_crud,
             entity::destination_patch_changes_only_given_fields,
+            entity::destination_filters_are_kept_replaced_and_cleared,
             entity::destinations_are_tenant_scoped,
             entity::secret_rotation_keeps_the_previous_secret,
             entity::deleting_a_tenant_removes_its_destinations,
