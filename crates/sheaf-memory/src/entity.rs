@@ -6,8 +6,9 @@ use std::fmt;
 use async_trait::async_trait;
 use parking_lot::RwLock;
 use sheaf_store::{
-    Destination, DestinationId, DestinationPatch, EntityStore, Error, PreviousSecret, Result,
-    Secret, Tenant, TenantId, TenantUpsert, Timestamp,
+    DeliveryHealth, Destination, DestinationId, DestinationPatch, DisabledReason, EntityStore,
+    Error, HealthChange, PreviousSecret, Result, Secret, Tenant, TenantId, TenantUpsert, Timestamp,
+    validate_health_reports,
 };
 
 struct TenantEntry {
@@ -186,9 +187,58 @@ impl EntityStore for MemoryEntityStore {
         }
         if let Some(enabled) = patch.enabled {
             destination.enabled = enabled;
+            destination.disabled_reason = if enabled {
+                None
+            } else {
+                patch.disabled_reason.clone()
+            };
         }
         destination.updated_at = touch(destination.updated_at);
         Ok(destination.clone())
+    }
+
+    async fn record_delivery_health(
+        &self,
+        reports: &[DeliveryHealth],
+        disable_after: u32,
+    ) -> Result<Vec<HealthChange>> {
+        validate_health_reports(reports, disable_after)?;
+        let mut state = self.state.write();
+        let mut changes = Vec::new();
+        for report in reports {
+            let Ok(destination) = state.destination_mut(&report.tenant_id, &report.destination_id)
+            else {
+                continue;
+            };
+            let old = destination.consecutive_failures;
+            destination.consecutive_failures = if report.succeeded {
+                report.failures_after
+            } else {
+                old.saturating_add(report.failures_after)
+            };
+            let recovered = report.succeeded && old >= disable_after;
+            let disabled = destination.enabled
+                && report.failures_after > 0
+                && destination.consecutive_failures >= disable_after;
+            if disabled {
+                let now = touch(destination.updated_at);
+                destination.enabled = false;
+                destination.disabled_reason = Some(DisabledReason::after_failures(
+                    destination.consecutive_failures,
+                    &report.last_error,
+                    now,
+                ));
+                destination.updated_at = now;
+            }
+            // Both carry the destination as it is afterwards, as the trait says.
+            if recovered {
+                changes.push(HealthChange::Recovered(destination.clone()));
+            }
+            if disabled {
+                changes.push(HealthChange::Disabled(destination.clone()));
+            }
+        }
+        Ok(changes)
     }
 
     async fn rotate_secret(

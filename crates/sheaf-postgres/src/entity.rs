@@ -1,4 +1,5 @@
-//! [`PostgresEntityStore`]: tenants and destinations, each mutation one statement.
+//! [`PostgresEntityStore`]: tenants and destinations, each mutation one statement (a call to
+//! `record_delivery_health` too, however many destinations it reports).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -6,17 +7,24 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use sheaf_store::{
-    Destination, DestinationId, DestinationKind, DestinationPatch, EntityStore, Error, Filter,
-    PreviousSecret, Result, Secret, Tenant, TenantId, TenantUpsert, Timestamp, Topics,
+    DeliveryHealth, Destination, DestinationId, DestinationKind, DestinationPatch, DisabledReason,
+    EntityStore, Error, Filter, HealthChange, PreviousSecret, Result, Secret, Tenant, TenantId,
+    TenantUpsert, Timestamp, Topics, validate_health_reports,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
+use uuid::Uuid;
 
-use crate::db::{Db, get, get_opt_time, get_time};
+use crate::db::{Db, get, get_opt_time, get_time, pg_text};
 use crate::error::{decode, from_sqlx};
 
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, url, topics, headers, enabled, secret, \
-     previous_secret, previous_secret_expires_at, created_at, updated_at, filter";
+     previous_secret, previous_secret_expires_at, created_at, updated_at, filter, \
+     disabled_reason, disabled_since, disabled_automatically, consecutive_failures";
+
+/// The largest count `consecutive_failures` (an `integer`) holds; counts saturate there, and a
+/// larger limit counts as this one (`migrations/0006_destination_health.sql`).
+const MAX_FAILURES: i32 = i32::MAX;
 
 #[derive(Debug)]
 struct Statements {
@@ -27,6 +35,7 @@ struct Statements {
     get_destination: String,
     list_destinations: String,
     update_destination: String,
+    record_delivery_health: String,
     rotate_secret: String,
     delete_destination: String,
 }
@@ -54,7 +63,8 @@ impl Statements {
             // (Conflict), whichever tenant holds it.
             create_destination: format!(
                 "INSERT INTO {s}.destinations ({DESTINATION_COLUMNS})
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                         $17)"
             ),
             get_destination: format!(
                 "SELECT {DESTINATION_COLUMNS} FROM {s}.destinations
@@ -65,14 +75,86 @@ impl Statements {
                  WHERE tenant_id = $1 ORDER BY id"
             ),
             // One statement, so two patches never race through a read-modify-write. The filter
-            // can be cleared, so a flag ($7) says whether $8 replaces it.
+            // can be cleared, so a flag ($7) says whether $8 replaces it. The reason ($9–$11)
+            // follows `enabled` ($6): enabling clears it, disabling sets it (NULLs when the patch
+            // gives none), and no `enabled` leaves it.
             update_destination: format!(
                 "UPDATE {s}.destinations
                  SET url = COALESCE($3, url), topics = COALESCE($4, topics),
                      headers = COALESCE($5, headers), enabled = COALESCE($6, enabled),
-                     filter = CASE WHEN $7 THEN $8 ELSE filter END, {touch}
+                     filter = CASE WHEN $7 THEN $8 ELSE filter END,
+                     disabled_reason = CASE $6 WHEN true THEN NULL WHEN false THEN $9
+                                           ELSE disabled_reason END,
+                     disabled_since = CASE $6 WHEN true THEN NULL WHEN false THEN $10
+                                          ELSE disabled_since END,
+                     disabled_automatically = CASE $6 WHEN true THEN NULL WHEN false THEN $11
+                                                  ELSE disabled_automatically END,
+                     {touch}
                  WHERE tenant_id = $1 AND id = $2
                  RETURNING {DESTINATION_COLUMNS}"
+            ),
+            // `EntityStore::record_delivery_health` as one statement over the unnested reports.
+            // RETURNING sees only the new row, and what changed depends on the old count and
+            // `enabled`, so `locked` reads them first, locking the rows: in READ COMMITTED a
+            // row another transaction changed meanwhile is re-read at its latest committed
+            // version (and the join re-checked), and the UPDATE then writes over that same
+            // version, so no report is lost to a concurrent one. Rows are locked in id order, so
+            // two processes reporting the same destinations wait for each other instead of
+            // deadlocking (tests/entity.rs fails without either). A report that changes nothing
+            // (a success with as many failures after it as the stored count, below the limit:
+            // every healthy destination, every batch) locks and writes nothing, so health
+            // reports do not churn the table; judged on the statement's snapshot, it is as if it
+            // came just before a concurrent change.
+            //
+            // $4 is bigint (failures are a u32) and the count saturates at MAX_FAILURES; $6, the
+            // limit, is already clamped to it. `updated_at` moves only when a destination is
+            // disabled, by the rule of every mutation here, and the reason's `since` is that new
+            // `updated_at` (as in the memory store). The reason's words are
+            // `DisabledReason::after_failures`'s, which the conformance suite compares exactly.
+            record_delivery_health: format!(
+                "WITH input AS (
+                     SELECT *
+                     FROM unnest($1::text[], $2::uuid[], $3::boolean[], $4::bigint[], $5::text[])
+                         WITH ORDINALITY
+                         AS r(tenant_id, id, succeeded, failures_after, last_error, report_index)
+                 ),
+                 locked AS MATERIALIZED (
+                     SELECT i.report_index, d.id AS locked_id, i.succeeded, i.failures_after,
+                            i.last_error, d.consecutive_failures AS old_failures,
+                            d.enabled AS was_enabled
+                     FROM {s}.destinations d
+                     JOIN input i ON i.tenant_id = d.tenant_id AND i.id = d.id
+                     WHERE NOT (i.succeeded AND i.failures_after = d.consecutive_failures
+                                AND d.consecutive_failures < $6::bigint)
+                     ORDER BY d.id
+                     FOR UPDATE OF d
+                 ),
+                 decided AS (
+                     SELECT report_index, locked_id, failures, last_error,
+                            succeeded AND old_failures >= $6 AS recovered,
+                            was_enabled AND failures_after > 0 AND failures >= $6 AS disabled
+                     FROM (SELECT l.*,
+                                  LEAST(CASE WHEN l.succeeded THEN l.failures_after
+                                             ELSE l.old_failures + l.failures_after END,
+                                        {MAX_FAILURES}) AS failures
+                           FROM locked l) AS l
+                 )
+                 UPDATE {s}.destinations d
+                 SET consecutive_failures = x.failures,
+                     enabled = d.enabled AND NOT x.disabled,
+                     disabled_reason = CASE WHEN x.disabled
+                         THEN format('%s consecutive failed attempts; the last: %s',
+                                     x.failures, x.last_error)
+                         ELSE d.disabled_reason END,
+                     disabled_since = CASE WHEN x.disabled THEN GREATEST(now(), d.updated_at)
+                                          ELSE d.disabled_since END,
+                     disabled_automatically = CASE WHEN x.disabled THEN true
+                                                  ELSE d.disabled_automatically END,
+                     updated_at = CASE WHEN x.disabled THEN GREATEST(now(), d.updated_at)
+                                      ELSE d.updated_at END
+                 FROM decided x
+                 WHERE d.id = x.locked_id
+                 RETURNING {DESTINATION_COLUMNS}, x.report_index, x.recovered, x.disabled"
             ),
             // Right-hand sides read the old row: the replaced secret becomes the previous one.
             rotate_secret: format!(
@@ -138,6 +220,20 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
         }),
         _ => None,
     };
+    let reason: Option<String> = get(row, "disabled_reason")?;
+    let since = get_opt_time(row, "disabled_since")?;
+    let automatic: Option<bool> = get(row, "disabled_automatically")?;
+    let disabled_reason = match (reason, since, automatic) {
+        (Some(reason), Some(since), Some(automatic)) => Some(DisabledReason {
+            reason,
+            since,
+            automatic,
+        }),
+        _ => None,
+    };
+    let failures: i32 = get(row, "consecutive_failures")?;
+    let consecutive_failures = u32::try_from(failures)
+        .map_err(|_| decode(reading, format_args!("{failures} consecutive failures")))?;
     Ok(Destination {
         id: DestinationId::from_uuid(get(row, "id")?),
         tenant_id: TenantId::new(get::<String>(row, "tenant_id")?)?,
@@ -147,11 +243,18 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
         filter,
         headers: headers.0,
         enabled: get(row, "enabled")?,
+        disabled_reason,
+        consecutive_failures,
         secret: Secret::new(get::<String>(row, "secret")?).map_err(|e| decode(reading, e))?,
         previous_secret,
         created_at: get_time(row, "created_at")?,
         updated_at: get_time(row, "updated_at")?,
     })
+}
+
+/// A count (or a limit) as `consecutive_failures` holds it, saturating at [`MAX_FAILURES`].
+fn saturated(count: u32) -> i32 {
+    i32::try_from(count).unwrap_or(MAX_FAILURES)
 }
 
 fn missing_destination(tenant: &TenantId, id: &DestinationId) -> Error {
@@ -200,6 +303,7 @@ impl EntityStore for PostgresEntityStore {
 
     async fn create_destination(&self, destination: &Destination) -> Result<()> {
         let previous = destination.previous_secret.as_ref();
+        let reason = destination.disabled_reason.as_ref();
         sqlx::query(&self.sql.create_destination)
             .bind(destination.id.as_uuid())
             .bind(destination.tenant_id.as_str())
@@ -214,6 +318,10 @@ impl EntityStore for PostgresEntityStore {
             .bind(destination.created_at.as_datetime())
             .bind(destination.updated_at.as_datetime())
             .bind(destination.filter.as_ref().map(|f| Json(f.source())))
+            .bind(reason.map(|r| pg_text(&r.reason)))
+            .bind(reason.map(|r| r.since.as_datetime()))
+            .bind(reason.map(|r| r.automatic))
+            .bind(saturated(destination.consecutive_failures))
             .execute(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("creating a destination", e))?;
@@ -249,6 +357,7 @@ impl EntityStore for PostgresEntityStore {
         id: &DestinationId,
         patch: &DestinationPatch,
     ) -> Result<Destination> {
+        let reason = patch.disabled_reason.as_ref();
         let row = sqlx::query(&self.sql.update_destination)
             .bind(tenant.as_str())
             .bind(id.as_uuid())
@@ -264,6 +373,9 @@ impl EntityStore for PostgresEntityStore {
                     .and_then(Option::as_ref)
                     .map(|f| Json(f.source())),
             )
+            .bind(reason.map(|r| pg_text(&r.reason)))
+            .bind(reason.map(|r| r.since.as_datetime()))
+            .bind(reason.map(|r| r.automatic))
             .fetch_optional(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("updating a destination", e))?;
@@ -271,6 +383,58 @@ impl EntityStore for PostgresEntityStore {
             Some(row) => destination_from_row(&row),
             None => Err(missing_destination(tenant, id)),
         }
+    }
+
+    async fn record_delivery_health(
+        &self,
+        reports: &[DeliveryHealth],
+        disable_after: u32,
+    ) -> Result<Vec<HealthChange>> {
+        validate_health_reports(reports, disable_after)?;
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tenants: Vec<&str> = reports.iter().map(|r| r.tenant_id.as_str()).collect();
+        let ids: Vec<Uuid> = reports.iter().map(|r| r.destination_id.as_uuid()).collect();
+        let succeeded: Vec<bool> = reports.iter().map(|r| r.succeeded).collect();
+        let failures: Vec<i64> = reports
+            .iter()
+            .map(|r| i64::from(r.failures_after))
+            .collect();
+        let errors: Vec<String> = reports.iter().map(|r| pg_text(&r.last_error)).collect();
+        let rows = sqlx::query(&self.sql.record_delivery_health)
+            .bind(&tenants)
+            .bind(&ids)
+            .bind(&succeeded)
+            .bind(&failures)
+            .bind(&errors)
+            .bind(i64::from(saturated(disable_after)))
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("recording delivery health", e))?;
+        // RETURNING comes in no particular order; the changes go in the reports' order.
+        let mut changed = Vec::new();
+        for row in &rows {
+            let recovered: bool = get(row, "recovered")?;
+            let disabled: bool = get(row, "disabled")?;
+            if recovered || disabled {
+                let index: i64 = get(row, "report_index")?;
+                changed.push((index, recovered, disabled, destination_from_row(row)?));
+            }
+        }
+        changed.sort_unstable_by_key(|(index, ..)| *index);
+        let mut changes = Vec::with_capacity(changed.len());
+        for (_, recovered, disabled, destination) in changed {
+            // Both come from one report when the failures after its success reach the limit
+            // again; each carries the destination as stored afterwards.
+            if recovered {
+                changes.push(HealthChange::Recovered(destination.clone()));
+            }
+            if disabled {
+                changes.push(HealthChange::Disabled(destination));
+            }
+        }
+        Ok(changes)
     }
 
     async fn rotate_secret(

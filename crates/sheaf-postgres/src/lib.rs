@@ -22,7 +22,11 @@
 //!   attempt commits with its job's outcome; see [`PostgresOutbox`] and
 //!   `migrations/0004_outbox.sql`.
 //! - **Entities**: `tenants` and `destinations`, secrets stored as given; a destination's payload
-//!   filter is a `jsonb` column holding the filter as the API accepted it.
+//!   filter is a `jsonb` column holding the filter as the API accepted it. Delivery health (the
+//!   consecutive failures, and the automatic disable at the limit) is one statement per batch of
+//!   reports, locking the rows it changes in id order so concurrent batches neither lose a
+//!   failure nor deadlock, and skipping the rows it would not change; see
+//!   `migrations/0006_destination_health.sql` for the columns.
 //! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
 //!   server is [`sheaf_store::Error::Unavailable`], never a panic.
 //!

@@ -52,6 +52,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "destination_filter",
         sql: include_str!("../migrations/0005_destination_filter.sql"),
     },
+    Migration {
+        version: 6,
+        name: "destination_health",
+        sql: include_str!("../migrations/0006_destination_health.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::Engine;
+use crate::health::{HealthTask, ensure_operator_destination};
 use crate::ingest::cdc::CdcRunner;
 use crate::ingest::shipper::Shipper;
 use crate::settings::Config;
@@ -28,6 +29,8 @@ pub struct Running {
     cdc: Option<CdcRunner>,
     /// `None` unless the queue is in Postgres and the log store elsewhere.
     shipper: Option<Shipper>,
+    /// `None` without automatic disabling and operator events.
+    health: Option<HealthTask>,
 }
 
 /// Connects the configured stores (migrating database schemas) and starts the service.
@@ -42,7 +45,16 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         .await
         .with_context(|| format!("cannot listen on {} (SHEAF_LISTEN)", config.listen))?;
     let addr = listener.local_addr()?;
+    if let Some(webhook) = &config.operator_webhook {
+        crate::delivery::guard::check_url(webhook.url.as_str(), config.allow_private_destinations)
+            .await
+            .map_err(|e| anyhow::anyhow!("invalid SHEAF_OPERATOR_WEBHOOK_URL: {}", e.0))?;
+    }
     let core = Core::new(config, stores)?;
+    if let Some(webhook) = &core.config.operator_webhook {
+        ensure_operator_destination(&core, webhook).await?;
+    }
+    let health = HealthTask::start(&core);
     let engine = if core.config.delivery_workers > 0 {
         Some(Engine::start(Arc::clone(&core))?)
     } else {
@@ -69,6 +81,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         engine,
         cdc,
         shipper,
+        health,
     })
 }
 
@@ -97,6 +110,10 @@ impl Running {
         }
         if let Some(engine) = self.engine {
             engine.shutdown(deadline).await;
+        }
+        // The engine's last reports may publish operator events: before the shipper stops.
+        if let Some(health) = self.health {
+            health.shutdown(deadline).await;
         }
         // Last: every publish and settlement is in the outbox by now.
         if let Some(shipper) = self.shipper {

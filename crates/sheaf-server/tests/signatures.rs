@@ -23,7 +23,7 @@ except Exception as e:
 "#;
 
 /// Whether `standardwebhooks` accepts the delivery under `secret`.
-fn verifies(python: &str, secret: &str, delivery: &Delivery) -> bool {
+pub(crate) fn verifies(python: &str, secret: &str, delivery: &Delivery) -> bool {
     let headers: serde_json::Map<String, serde_json::Value> = delivery
         .headers
         .iter()

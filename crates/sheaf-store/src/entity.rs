@@ -183,6 +183,11 @@ pub struct Destination {
     pub headers: BTreeMap<String, String>,
     /// Disabled destinations keep their configuration but receive nothing.
     pub enabled: bool,
+    /// Why it is disabled and since when; `None` while it is enabled.
+    pub disabled_reason: Option<DisabledReason>,
+    /// Failed attempts since its last successful one, as [`EntityStore::record_delivery_health`]
+    /// counted them; re-enabling a destination keeps the count until a success resets it.
+    pub consecutive_failures: u32,
     /// The current signing secret.
     pub secret: Secret,
     /// The secret before the last rotation, while it is still valid.
@@ -213,6 +218,86 @@ impl Destination {
     }
 }
 
+/// Why a destination is disabled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisabledReason {
+    /// In words, for people: "disabled through the API", "10 consecutive failed attempts; …".
+    pub reason: String,
+    /// When it was disabled.
+    pub since: Timestamp,
+    /// `true` when Sheaf disabled it after failed attempts, `false` when someone did.
+    pub automatic: bool,
+}
+
+impl DisabledReason {
+    /// Disabled by someone, now.
+    pub fn by_request() -> Self {
+        DisabledReason {
+            reason: "disabled through the API".to_owned(),
+            since: Timestamp::now(),
+            automatic: false,
+        }
+    }
+
+    /// Disabled by [`EntityStore::record_delivery_health`] at `since`, after `failures`
+    /// consecutive failed attempts, the last of which got `last_error`. Every backend words it
+    /// so: "`failures` consecutive failed attempts; the last: `last_error`".
+    pub fn after_failures(failures: u32, last_error: &str, since: Timestamp) -> Self {
+        DisabledReason {
+            reason: format!("{failures} consecutive failed attempts; the last: {last_error}"),
+            since,
+            automatic: true,
+        }
+    }
+}
+
+/// One destination's delivery results since its previous report, summarized for
+/// [`EntityStore::record_delivery_health`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryHealth {
+    /// The destination's tenant.
+    pub tenant_id: TenantId,
+    /// The destination.
+    pub destination_id: DestinationId,
+    /// Whether one of the attempts succeeded.
+    pub succeeded: bool,
+    /// Failed attempts after the last successful one (all of them when none succeeded).
+    pub failures_after: u32,
+    /// What the last failed attempt got, in words (empty when there was none).
+    pub last_error: String,
+}
+
+/// The checks every backend makes on [`EntityStore::record_delivery_health`]'s arguments: a
+/// limit of at least 1, and each destination reported once.
+pub fn validate_health_reports(reports: &[DeliveryHealth], disable_after: u32) -> Result<()> {
+    if disable_after == 0 {
+        return Err(Error::invalid_input(
+            "the limit of consecutive failures must be at least 1",
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(reports.len());
+    for report in reports {
+        if !seen.insert(report.destination_id) {
+            return Err(Error::invalid_input(format!(
+                "destination {} is reported twice",
+                report.destination_id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What [`EntityStore::record_delivery_health`] changed, with the destination as stored
+/// afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthChange {
+    /// It reached the limit of consecutive failures while enabled, and was disabled.
+    Disabled(Destination),
+    /// It succeeded after having reached the limit (it had been disabled for it, and was
+    /// enabled again since).
+    Recovered(Destination),
+}
+
 /// A partial update of a destination: `None` fields stay as they are.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DestinationPatch {
@@ -224,15 +309,19 @@ pub struct DestinationPatch {
     pub filter: Option<Option<Filter>>,
     /// A new set of custom headers (replacing the old set whole).
     pub headers: Option<BTreeMap<String, String>>,
-    /// Enable or disable.
+    /// Enable (which clears `disabled_reason`) or disable (which sets it to the patch's
+    /// `disabled_reason`).
     pub enabled: Option<bool>,
+    /// Why, when the patch disables; ignored otherwise.
+    pub disabled_reason: Option<DisabledReason>,
 }
 
 impl DestinationPatch {
-    /// A patch that only enables or disables.
+    /// A patch that only enables, or disables by request ([`DisabledReason::by_request`]).
     pub fn enabled(enabled: bool) -> Self {
         DestinationPatch {
             enabled: Some(enabled),
+            disabled_reason: (!enabled).then(DisabledReason::by_request),
             ..Default::default()
         }
     }
@@ -301,6 +390,29 @@ pub trait EntityStore: fmt::Debug + Send + Sync + 'static {
 
     /// Deletes the destination. [`Error::NotFound`] if the tenant has no such destination.
     async fn delete_destination(&self, tenant: &TenantId, id: &DestinationId) -> Result<()>;
+
+    /// Counts consecutive failed attempts per destination and disables the ones that reach
+    /// `disable_after` (at least 1), atomically per destination and in one round trip for the
+    /// whole slice (the service calls it once per batch of outcomes, not once per attempt).
+    ///
+    /// For each report, with `old` the stored `consecutive_failures`: the new count is
+    /// `failures_after` if it `succeeded`, else `old + failures_after` (saturating). Then
+    ///
+    /// - if it `succeeded` and `old >= disable_after`: [`HealthChange::Recovered`];
+    /// - if it is enabled, `failures_after > 0` and the new count `>= disable_after`: it is
+    ///   disabled, with a [`DisabledReason`] (`automatic`, the store's clock, the count and
+    ///   `last_error` in its `reason`) and `updated_at` moved, and [`HealthChange::Disabled`].
+    ///
+    /// Both can come from one report, in that order. A destination that is re-enabled with its
+    /// count at the limit is therefore disabled again by its next failure, unless a success came
+    /// first. Reports of destinations that do not exist (in that tenant) are skipped; a
+    /// destination reported twice in one call is a caller error ([`Error::InvalidInput`]).
+    /// Counting alone does not move `updated_at`.
+    async fn record_delivery_health(
+        &self,
+        reports: &[DeliveryHealth],
+        disable_after: u32,
+    ) -> Result<Vec<HealthChange>>;
 
     /// Whether the store is reachable, for readiness checks. The default says yes.
     async fn ping(&self) -> Result<()> {

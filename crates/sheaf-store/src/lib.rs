@@ -44,8 +44,8 @@ mod time;
 pub mod testkit;
 
 pub use entity::{
-    Destination, DestinationKind, DestinationPatch, EntityStore, PreviousSecret, Secret, Tenant,
-    TenantUpsert, Topics,
+    DeliveryHealth, Destination, DestinationKind, DestinationPatch, DisabledReason, EntityStore,
+    HealthChange, PreviousSecret, Secret, Tenant, TenantUpsert, Topics, validate_health_reports,
 };
 pub use error::{Error, ErrorKind, Result, SharedSource};
 pub use filter::{Filter, FilterError};

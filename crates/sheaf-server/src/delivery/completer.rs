@@ -56,8 +56,10 @@ pub(super) async fn run(
 /// present.
 async fn flush(core: &Core, batch: Vec<Turn>, give_up: &CancellationToken) {
     let mut settlement = Settlement::default();
+    let mut reports = Vec::new();
     for turn in batch {
         settlement.attempts.extend(turn.attempt);
+        reports.extend(turn.report);
         match turn.outcome {
             Outcome::Complete(lease) => settlement.complete.push(lease),
             Outcome::Reschedule(r) => settlement.reschedule.push(r),
@@ -66,8 +68,17 @@ async fn flush(core: &Core, batch: Vec<Turn>, give_up: &CancellationToken) {
     }
     if let Some(outbox) = &core.stores.outbox {
         settle(core, outbox.as_ref(), &settlement, give_up).await;
-        return;
+    } else {
+        write_outcomes(core, settlement).await;
     }
+    // After the outcomes are written: a destination is judged on what was recorded.
+    if let Some(health) = &core.health {
+        health.send(reports).await;
+    }
+}
+
+/// Without an outbox: one statement per kind of outcome present.
+async fn write_outcomes(core: &Core, settlement: Settlement) {
     let Settlement {
         complete,
         reschedule,

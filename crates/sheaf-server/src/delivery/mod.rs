@@ -47,6 +47,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sheaf_store::{Attempt, DeadLetterRequest, Lease, Reschedule};
+
+use crate::state::health::Report;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +73,8 @@ enum Outcome {
 struct Turn {
     outcome: Outcome,
     attempt: Option<Attempt>,
+    /// For destination health and operator events, when the process wants them.
+    report: Option<Report>,
 }
 
 impl From<Outcome> for Turn {
@@ -78,6 +82,7 @@ impl From<Outcome> for Turn {
         Turn {
             outcome,
             attempt: None,
+            report: None,
         }
     }
 }

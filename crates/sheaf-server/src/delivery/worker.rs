@@ -21,6 +21,7 @@ use super::{Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::handoff::Dispatched;
+use crate::state::health::Report;
 use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{DeliveryOutcome, Metrics};
@@ -230,13 +231,16 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
     };
     if !destination.enabled {
         core.metrics.delivery(DeliveryOutcome::Dropped);
-        return Some(
-            Outcome::DeadLetter(DeadLetterRequest {
-                lease: claimed.lease,
-                reason: "the destination is disabled".to_owned(),
-            })
-            .into(),
-        );
+        let outcome = Outcome::DeadLetter(DeadLetterRequest {
+            lease: claimed.lease,
+            reason: "the destination is disabled".to_owned(),
+        });
+        let report = report(core, &claimed, None, &outcome);
+        return Some(Turn {
+            outcome,
+            attempt: None,
+            report,
+        });
     }
     let manual = is_manual_job(&job.id) && job.last_attempt_time.is_none();
     let first = job.last_attempt_time.is_none() && (job.attempt_number == 1 || manual);
@@ -297,16 +301,60 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
         event_topic: topic,
         event_data: data,
     };
+    let result = if delivered.success {
+        Ok(())
+    } else {
+        Err(what_it_got(&delivered))
+    };
     if core.stores.outbox.is_some() {
         // Committed together with the outcome, by the completer: never dropped.
         let outcome = outcome_of(core, &claimed, &delivered, now, true);
+        let report = report(core, &claimed, Some(result), &outcome);
         return Some(Turn {
             outcome,
             attempt: Some(attempt),
+            report,
         });
     }
     let logged = write_attempt(core, attempt).await;
-    Some(outcome_of(core, &claimed, &delivered, now, logged).into())
+    let outcome = outcome_of(core, &claimed, &delivered, now, logged);
+    let report = report(core, &claimed, Some(result), &outcome);
+    Some(Turn {
+        outcome,
+        attempt: None,
+        report,
+    })
+}
+
+/// The turn's [`Report`], when the process wants reports.
+fn report(
+    core: &Core,
+    claimed: &ClaimedJob,
+    attempt: Option<Result<(), String>>,
+    outcome: &Outcome,
+) -> Option<Report> {
+    core.health.as_ref()?;
+    let job = &claimed.job;
+    Some(Report {
+        tenant_id: job.tenant_id.clone(),
+        destination_id: job.destination_id,
+        event_id: job.event_id.clone(),
+        attempt,
+        attempt_number: job.attempt_number,
+        dead_lettered: match outcome {
+            Outcome::DeadLetter(d) => Some(d.reason.clone()),
+            _ => None,
+        },
+    })
+}
+
+/// What a failed attempt got, in words: its status, or the error that kept it from one.
+fn what_it_got(delivered: &Delivered) -> String {
+    match (delivered.code, &delivered.error) {
+        (Some(code), _) => format!("status {code}"),
+        (None, Some(error)) => error.clone(),
+        (None, None) => "no answer".to_owned(),
+    }
 }
 
 /// Without an outbox: writes the attempt before the job's outcome is reported. A retry's lookup
@@ -350,11 +398,7 @@ fn outcome_of(
     let retry = &core.config.retry;
     if job.attempt_number >= retry.max_attempts {
         core.metrics.delivery(DeliveryOutcome::DeadLettered);
-        let last = match (delivered.code, &delivered.error) {
-            (Some(code), _) => format!("status {code}"),
-            (None, Some(error)) => error.clone(),
-            (None, None) => "no answer".to_owned(),
-        };
+        let last = what_it_got(delivered);
         return Outcome::DeadLetter(DeadLetterRequest {
             lease: claimed.lease,
             reason: format!(

@@ -265,7 +265,7 @@ fn schemas(config: &Config) -> Value {
         },
         "Destination": {
             "type": "object",
-            "required": ["id", "tenant_id", "type", "topics", "filter", "config", "headers", "enabled", "credentials", "created_at", "updated_at"],
+            "required": ["id", "tenant_id", "type", "topics", "filter", "config", "headers", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
             "properties": {
                 "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
@@ -275,6 +275,16 @@ fn schemas(config: &Config) -> Value {
                 "config": { "type": "object", "required": ["url"], "properties": { "url": { "type": "string" } } },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "enabled": { "type": "boolean" },
+                "disabled_reason": {
+                    "type": ["object", "null"],
+                    "required": ["reason", "since", "automatic"],
+                    "properties": {
+                        "reason": { "type": "string" },
+                        "since": timestamp,
+                        "automatic": { "type": "boolean", "description": "Disabled by Sheaf after SHEAF_DESTINATION_DISABLE_AFTER_FAILURES consecutive failed attempts" }
+                    }
+                },
+                "consecutive_failures": { "type": "integer", "minimum": 0 },
                 "credentials": {
                     "type": "object",
                     "required": ["secret", "previous_secret"],

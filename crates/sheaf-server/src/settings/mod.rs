@@ -189,8 +189,35 @@ pub struct Config {
     pub otlp_endpoint: Option<String>,
     /// `SHEAF_OTLP_SAMPLE_PERCENT`.
     pub otlp_sample_percent: u32,
+    /// `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES`; 0 = never.
+    pub disable_after_failures: u32,
+    /// `SHEAF_OPERATOR_WEBHOOK_URL` and `SHEAF_OPERATOR_WEBHOOK_SECRET`: where operator events go.
+    pub operator_webhook: Option<OperatorWebhook>,
     /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
     pub cdc: Option<CdcSettings>,
+}
+
+/// Where operator events are delivered, and the secret that signs them.
+#[derive(Clone)]
+pub struct OperatorWebhook {
+    /// `SHEAF_OPERATOR_WEBHOOK_URL`.
+    pub url: reqwest::Url,
+    /// `SHEAF_OPERATOR_WEBHOOK_SECRET`.
+    pub secret: sheaf_store::Secret,
+}
+
+impl std::fmt::Debug for OperatorWebhook {
+    /// The secret as a fingerprint (the first bytes of its SHA-256), never itself: enough to
+    /// tell two configurations apart.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(self.secret.expose().as_bytes());
+        let fingerprint: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        f.debug_struct("OperatorWebhook")
+            .field("url", &self.url.as_str())
+            .field("secret_sha256_prefix", &fingerprint)
+            .finish()
+    }
 }
 
 impl Config {
@@ -286,6 +313,8 @@ impl Config {
             log_format: [LogFormat::Text, LogFormat::Json][values.choice(&s::LOG_FORMAT)?],
             otlp_endpoint: parse_otlp_endpoint(&values)?,
             otlp_sample_percent: values.u32(&s::OTLP_SAMPLE_PERCENT)?,
+            disable_after_failures: values.u32(&s::DESTINATION_DISABLE_AFTER_FAILURES)?,
+            operator_webhook: parse_operator_webhook(&values)?,
             cdc,
         })
     }
@@ -454,6 +483,57 @@ fn parse_egress_proxy(values: &Values) -> Result<Option<reqwest::Url>, ConfigErr
     }
     reqwest::Proxy::all(url.clone()).map_err(|e| fail(format!("is not a usable proxy: {e}")))?;
     Ok(Some(url))
+}
+
+/// `SHEAF_OPERATOR_WEBHOOK_URL` with its secret: both or neither, an http(s) URL with a host, and a
+/// Standard Webhooks secret whose key is 24 to 64 bytes.
+fn parse_operator_webhook(values: &Values) -> Result<Option<OperatorWebhook>, ConfigError> {
+    let url = values.optional(&s::OPERATOR_WEBHOOK_URL);
+    let secret = values.optional(&s::OPERATOR_WEBHOOK_SECRET);
+    let (raw, secret) = match (url, secret) {
+        (None, None) => return Ok(None),
+        (Some(raw), Some(secret)) => (raw, secret),
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                s::OPERATOR_WEBHOOK_SECRET.name,
+                "is required with SHEAF_OPERATOR_WEBHOOK_URL: operator events are signed",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                s::OPERATOR_WEBHOOK_URL.name,
+                "is required with SHEAF_OPERATOR_WEBHOOK_SECRET (or unset the secret)",
+            ));
+        }
+    };
+    let url = reqwest::Url::parse(&raw)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+        .ok_or_else(|| {
+            ConfigError::new(
+                s::OPERATOR_WEBHOOK_URL.name,
+                format!(
+                    "{:?} is not an http:// or https:// URL with a host",
+                    redact_userinfo(&raw)
+                ),
+            )
+        })?;
+    let key = secret
+        .strip_prefix("whsec_")
+        .and_then(|rest| {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.decode(rest).ok()
+        })
+        .filter(|key| (24..=64).contains(&key.len()));
+    if key.is_none() {
+        return Err(ConfigError::new(
+            s::OPERATOR_WEBHOOK_SECRET.name,
+            "must be whsec_ followed by the standard base64 of 24 to 64 bytes",
+        ));
+    }
+    let secret = sheaf_store::Secret::new(secret)
+        .map_err(|e| ConfigError::new(s::OPERATOR_WEBHOOK_SECRET.name, e.to_string()))?;
+    Ok(Some(OperatorWebhook { url, secret }))
 }
 
 /// The URL with anything before an `@` hidden: a proxy's credentials stay out of messages.

@@ -505,6 +505,30 @@ pub const TLS_CA_FILE: Setting = setting(
     Kind::Text("path to a PEM file of one or more CA certificates"),
     "CA certificates trusted besides the public roots by every TLS connection Sheaf makes: Postgres and the replication stream (where the URL names no `sslrootcert` of its own), ClickHouse over `https://`, and webhook receivers (which also trust the system's roots). Read at start: a file that cannot be read or holds no usable certificate stops start-up.",
 );
+/// `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES`.
+pub const DESTINATION_DISABLE_AFTER_FAILURES: Setting = setting(
+    "SHEAF_DESTINATION_DISABLE_AFTER_FAILURES",
+    Some("0"),
+    Kind::Integer {
+        min: 0,
+        max: 1_000_000,
+    },
+    "Consecutive failed attempts (across every delivery to it, in every process) after which a destination is disabled, with an automatic `disabled_reason`; 0 = never. A success resets the count. Re-enabling keeps the count until the next success, so a destination that fails again at once is disabled again by that one failure. Counted once per batch of outcomes (one entity-store statement), not once per attempt.",
+);
+/// `SHEAF_OPERATOR_WEBHOOK_URL`.
+pub const OPERATOR_WEBHOOK_URL: Setting = setting(
+    "SHEAF_OPERATOR_WEBHOOK_URL",
+    None,
+    Kind::Text("an `http://` or `https://` URL"),
+    "Where operator events go (`destination.disabled`, `destination.recovered`, `delivery.dead_lettered`), as signed webhooks through the same queue, retries and log as every delivery (tenant `_sheaf`). The private-destination guard applies to it as to any destination. Unset: no operator events.",
+);
+/// `SHEAF_OPERATOR_WEBHOOK_SECRET`.
+pub const OPERATOR_WEBHOOK_SECRET: Setting = setting(
+    "SHEAF_OPERATOR_WEBHOOK_SECRET",
+    None,
+    Kind::Text("`whsec_` and the base64 of 24 to 64 bytes"),
+    "The Standard Webhooks secret operator events are signed with. Required with `SHEAF_OPERATOR_WEBHOOK_URL`; changing it takes effect at the next start (the previous one stops signing at once).",
+);
 /// `SHEAF_SECRETS_KEY`.
 pub const SECRETS_KEY: Setting = setting(
     "SHEAF_SECRETS_KEY",
@@ -725,6 +749,9 @@ pub const SETTINGS: &[Setting] = &[
     TLS_CA_FILE,
     SECRETS_KEY,
     SECRET_ROTATION_GRACE,
+    DESTINATION_DISABLE_AFTER_FAILURES,
+    OPERATOR_WEBHOOK_URL,
+    OPERATOR_WEBHOOK_SECRET,
     ENTITY_CACHE_TTL,
     SHUTDOWN_TIMEOUT,
     CDC_ENABLED,

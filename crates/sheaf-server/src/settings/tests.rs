@@ -85,11 +85,43 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_EGRESS_PROXY", "http://127.0.0.1:3128"),
     // Debian's system bundle (the ca-certificates package): a real file of many CAs.
     ("SHEAF_TLS_CA_FILE", "/etc/ssl/certs/ca-certificates.crt"),
+    (
+        "SHEAF_OPERATOR_WEBHOOK_URL",
+        "https://ops.example.com/sheaf",
+    ),
+    ("SHEAF_OPERATOR_WEBHOOK_SECRET", OPERATOR_SECRET),
 ];
 
+const OPERATOR_SECRET: &str = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
 /// Settings that act only together with another one.
-const COMPANIONS: &[(&str, (&str, &str))] =
-    &[("SHEAF_CDC_BATCH_WAIT", ("SHEAF_CDC_BATCH_SIZE", "10"))];
+const COMPANIONS: &[(&str, (&str, &str))] = &[
+    ("SHEAF_CDC_BATCH_WAIT", ("SHEAF_CDC_BATCH_SIZE", "10")),
+    (
+        "SHEAF_OPERATOR_WEBHOOK_URL",
+        ("SHEAF_OPERATOR_WEBHOOK_SECRET", OPERATOR_SECRET),
+    ),
+    (
+        "SHEAF_OPERATOR_WEBHOOK_SECRET",
+        (
+            "SHEAF_OPERATOR_WEBHOOK_URL",
+            "https://ops.example.com/sheaf",
+        ),
+    ),
+];
+
+/// Settings that must not be set alone either: the load starts from this value of theirs (with
+/// their companion), so that the sample is a change of value rather than a first setting.
+const STARTING_VALUES: &[(&str, &str)] = &[
+    (
+        "SHEAF_OPERATOR_WEBHOOK_URL",
+        "https://before.example.com/sheaf",
+    ),
+    (
+        "SHEAF_OPERATOR_WEBHOOK_SECRET",
+        "whsec_YmVmb3JlLWJlZm9yZS1iZWZvcmUtYmVmb3JlLTAx",
+    ),
+];
 
 /// Every setting is read: given another value, the load either refuses it or yields another
 /// configuration. The parser keeps no record of what it read; this asks from outside.
@@ -104,6 +136,11 @@ fn every_setting_changes_the_configuration_or_is_refused() {
                 base.insert((*companion).to_owned(), (*value).to_owned());
             }
         }
+        for (name, value) in STARTING_VALUES {
+            if *name == setting.name {
+                base.insert((*name).to_owned(), (*value).to_owned());
+            }
+        }
         let before = format!("{:?}", Config::load(base.clone()).unwrap());
         base.insert(setting.name.to_owned(), another_value(setting));
         if let Ok(config) = Config::load(base.clone()) {
@@ -116,6 +153,48 @@ fn every_setting_changes_the_configuration_or_is_refused() {
             );
         }
     }
+}
+
+#[test]
+fn the_operator_webhook_needs_both_settings_and_a_usable_secret() {
+    let url = (
+        "SHEAF_OPERATOR_WEBHOOK_URL",
+        "https://ops.example.com/sheaf",
+    );
+    let err = Config::load(env(&[url])).unwrap_err();
+    assert_eq!(err.setting, "SHEAF_OPERATOR_WEBHOOK_SECRET", "{err}");
+    let err = Config::load(env(&[("SHEAF_OPERATOR_WEBHOOK_SECRET", OPERATOR_SECRET)])).unwrap_err();
+    assert_eq!(err.setting, "SHEAF_OPERATOR_WEBHOOK_URL", "{err}");
+    for secret in [
+        "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
+        "whsec_c2hvcnQ=",
+        "whsec_!!",
+    ] {
+        let err = Config::load(env(&[url, ("SHEAF_OPERATOR_WEBHOOK_SECRET", secret)])).unwrap_err();
+        assert_eq!(
+            err.setting, "SHEAF_OPERATOR_WEBHOOK_SECRET",
+            "{secret}: {err}"
+        );
+        assert!(
+            !err.to_string().contains(secret),
+            "the secret stays out of the message"
+        );
+    }
+    let err = Config::load(env(&[
+        ("SHEAF_OPERATOR_WEBHOOK_URL", "ftp://ops.example.com/"),
+        ("SHEAF_OPERATOR_WEBHOOK_SECRET", OPERATOR_SECRET),
+    ]))
+    .unwrap_err();
+    assert_eq!(err.setting, "SHEAF_OPERATOR_WEBHOOK_URL", "{err}");
+    let config = Config::load(env(&[
+        url,
+        ("SHEAF_OPERATOR_WEBHOOK_SECRET", OPERATOR_SECRET),
+    ]))
+    .unwrap();
+    assert!(
+        !format!("{config:?}").contains(OPERATOR_SECRET),
+        "Debug hides the secret"
+    );
 }
 
 #[test]

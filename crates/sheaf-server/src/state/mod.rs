@@ -9,6 +9,8 @@
 //!   reads and the retries' latest-attempt lookups.
 //! - [`entities`]: tenants and destinations, cached per tenant.
 //! - [`secrets`]: destination secrets sealed at rest, at the entity store's boundary.
+//! - [`health`]: the completer's reports of finished turns, for destination health and
+//!   operator events.
 //! - [`jobs`]: how delivery job ids are derived, and how a manual retry's job is told apart.
 //! - [`metrics`]: the counters and the Prometheus page.
 //! - [`backoff`]: the one rule for waiting between tries of a failed call.
@@ -18,6 +20,7 @@
 pub mod backoff;
 pub mod entities;
 pub mod handoff;
+pub mod health;
 pub mod intake;
 pub mod jobs;
 pub mod log_access;

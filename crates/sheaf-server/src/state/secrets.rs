@@ -31,8 +31,8 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use sheaf_store::{
-    Destination, DestinationId, DestinationPatch, EntityStore, Error, PreviousSecret, Result,
-    Secret, Tenant, TenantId, TenantUpsert, Timestamp,
+    DeliveryHealth, Destination, DestinationId, DestinationPatch, EntityStore, Error, HealthChange,
+    PreviousSecret, Result, Secret, Tenant, TenantId, TenantUpsert, Timestamp,
 };
 
 pub use crate::settings::SecretsKey;
@@ -221,6 +221,24 @@ impl EntityStore for SealedEntityStore {
     ) -> Result<Destination> {
         let updated = self.inner.update_destination(tenant, id, patch).await?;
         self.open_destination(updated)
+    }
+
+    async fn record_delivery_health(
+        &self,
+        reports: &[DeliveryHealth],
+        disable_after: u32,
+    ) -> Result<Vec<HealthChange>> {
+        let changes = self
+            .inner
+            .record_delivery_health(reports, disable_after)
+            .await?;
+        changes
+            .into_iter()
+            .map(|change| match change {
+                HealthChange::Disabled(d) => self.open_destination(d).map(HealthChange::Disabled),
+                HealthChange::Recovered(d) => self.open_destination(d).map(HealthChange::Recovered),
+            })
+            .collect()
     }
 
     async fn rotate_secret(

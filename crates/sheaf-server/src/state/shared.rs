@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use crate::settings::Config;
 use crate::state::entities::EntityCache;
 use crate::state::handoff::JobChannel;
+use crate::state::health::HealthReports;
 use crate::state::intake::{IntakeCommit, IntakeWriter, intake_config};
 use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
@@ -60,6 +61,9 @@ pub struct Core {
     pub jobs: Arc<JobChannel>,
     /// Publishes' trace contexts for their deliveries' spans; only while traces are exported.
     pub traces: Option<EventTraces>,
+    /// Where the completer reports finished turns; `None` when nothing needs them (no automatic
+    /// disabling, no operator webhook).
+    pub health: Option<HealthReports>,
 }
 
 impl Core {
@@ -136,6 +140,8 @@ impl Core {
             .otlp_endpoint
             .is_some()
             .then(|| EventTraces::new(config.fresh_event_cache));
+        let health = (config.disable_after_failures > 0 || config.operator_webhook.is_some())
+            .then(HealthReports::new);
         Ok(Arc::new(Self {
             metric_sources: MetricSources {
                 service: Arc::clone(&metrics),
@@ -157,6 +163,7 @@ impl Core {
             wake,
             jobs,
             traces,
+            health,
         }))
     }
 

@@ -163,6 +163,8 @@ pub(super) fn stored_destination(
         filter: None,
         headers: Default::default(),
         enabled: true,
+        disabled_reason: None,
+        consecutive_failures: 0,
         secret: sheaf_store::Secret::new(secret).unwrap(),
         previous_secret: None,
         created_at: now,

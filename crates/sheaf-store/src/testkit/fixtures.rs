@@ -108,6 +108,8 @@ pub fn destination(tenant: &TenantId) -> Destination {
         filter: None,
         headers: BTreeMap::from([("x-team".to_owned(), "payments".to_owned())]),
         enabled: true,
+        disabled_reason: None,
+        consecutive_failures: 0,
         secret: secret(),
         previous_secret: None,
         created_at: now,

@@ -10,7 +10,8 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sheaf_store::{
-    Destination, DestinationId, DestinationKind, DestinationPatch, Filter, Timestamp, Topics,
+    Destination, DestinationId, DestinationKind, DestinationPatch, DisabledReason, Filter,
+    Timestamp, Topics,
 };
 
 use crate::delivery::guard::check_url;
@@ -35,6 +36,12 @@ fn destination_json(d: &Destination) -> Value {
         "config": { "url": d.url },
         "headers": d.headers,
         "enabled": d.enabled,
+        "disabled_reason": d.disabled_reason.as_ref().map(|r| json!({
+            "reason": r.reason,
+            "since": r.since,
+            "automatic": r.automatic,
+        })),
+        "consecutive_failures": d.consecutive_failures,
         "credentials": {
             "secret": d.secret.expose(),
             "previous_secret": d.previous_secret.as_ref().map(|p| json!({
@@ -198,6 +205,8 @@ pub(crate) async fn create_destination(
         filter,
         headers: input.headers,
         enabled: input.enabled.unwrap_or(true),
+        disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
+        consecutive_failures: 0,
         secret: generate_secret(),
         previous_secret: None,
         created_at: now,
@@ -270,6 +279,7 @@ pub(crate) async fn patch_destination(
         filter,
         headers: input.headers,
         enabled: input.enabled,
+        disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };
     apply_patch(&core, raw, &dest, patch).await
 }

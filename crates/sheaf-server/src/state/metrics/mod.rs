@@ -108,6 +108,16 @@ pub struct Metrics {
     pub fresh_cache_hits: AtomicU64,
     /// First deliveries whose payload was read from the log store.
     pub fresh_cache_misses: AtomicU64,
+    /// Destinations disabled after consecutive failed attempts.
+    pub destinations_disabled: AtomicU64,
+    /// Destinations that succeeded after having been disabled for failures.
+    pub destinations_recovered: AtomicU64,
+    /// Entity-store calls that recorded destination health (one per batch of reports).
+    pub health_statements: AtomicU64,
+    /// Operator events published.
+    pub operator_events: AtomicU64,
+    /// Operator events that could not be published (after retries).
+    pub operator_event_failures: AtomicU64,
     /// The CDC source's counters and state.
     pub cdc: CdcMetrics,
 }

@@ -230,6 +230,31 @@ pub fn render(
         read(&m.shipment_failures),
     );
     w.counter(
+        "sheaf_destinations_disabled_total",
+        "Destinations disabled after SHEAF_DESTINATION_DISABLE_AFTER_FAILURES consecutive failed attempts.",
+        read(&m.destinations_disabled),
+    );
+    w.counter(
+        "sheaf_destinations_recovered_total",
+        "Destinations whose attempt succeeded after they had been disabled for failures.",
+        read(&m.destinations_recovered),
+    );
+    w.counter(
+        "sheaf_destination_health_statements_total",
+        "Entity-store calls that counted consecutive failures, one per batch of delivery outcomes.",
+        read(&m.health_statements),
+    );
+    w.counter(
+        "sheaf_operator_events_total",
+        "Operator events (destination.disabled, destination.recovered, delivery.dead_lettered) published for SHEAF_OPERATOR_WEBHOOK_URL.",
+        read(&m.operator_events),
+    );
+    w.counter(
+        "sheaf_operator_event_failures_total",
+        "Operator events that could not be published after retries.",
+        read(&m.operator_event_failures),
+    );
+    w.counter(
         "sheaf_jobs_enqueued_total",
         "Jobs handed to the queue by publishes and manual retries.",
         read(&m.jobs_enqueued),

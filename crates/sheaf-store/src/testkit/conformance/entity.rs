@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::assert_kind;
 use crate::testkit::fixtures::{destination, secret, unique_tenant};
 use crate::{
-    Destination, DestinationId, DestinationPatch, EntityStore, ErrorKind, Filter, PreviousSecret,
-    TenantId, Timestamp, Topics,
+    Destination, DestinationId, DestinationPatch, DisabledReason, EntityStore, ErrorKind, Filter,
+    PreviousSecret, TenantId, Timestamp, Topics,
 };
 
 fn metadata(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -18,7 +18,7 @@ fn metadata(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn make_tenant(store: &dyn EntityStore, label: &str) -> TenantId {
+pub(super) async fn make_tenant(store: &dyn EntityStore, label: &str) -> TenantId {
     let tenant = unique_tenant(label);
     store
         .upsert_tenant(&tenant, &BTreeMap::new())
@@ -27,7 +27,7 @@ async fn make_tenant(store: &dyn EntityStore, label: &str) -> TenantId {
     tenant
 }
 
-async fn get(
+pub(super) async fn get(
     store: &dyn EntityStore,
     tenant: &TenantId,
     id: &DestinationId,
@@ -143,6 +143,12 @@ pub async fn destination_crud(store: &dyn EntityStore) {
     let second = Destination {
         topics: Topics::All,
         enabled: false,
+        disabled_reason: Some(DisabledReason {
+            reason: "created disabled".to_owned(),
+            since: Timestamp::now(),
+            automatic: false,
+        }),
+        consecutive_failures: 7,
         headers: BTreeMap::new(),
         previous_secret: Some(PreviousSecret {
             secret: secret(),
@@ -346,8 +352,9 @@ pub async fn destination_patch_changes_only_given_fields(store: &dyn EntityStore
     };
     check_mutation(store, &after_both, &expected, "patching topics and headers").await;
 
+    let disable = DestinationPatch::enabled(false);
     let disabled = store
-        .update_destination(&tenant, &original.id, &DestinationPatch::enabled(false))
+        .update_destination(&tenant, &original.id, &disable)
         .await
         .expect("disable");
     check_mutation(
@@ -355,11 +362,13 @@ pub async fn destination_patch_changes_only_given_fields(store: &dyn EntityStore
         &disabled,
         &Destination {
             enabled: false,
+            disabled_reason: disable.disabled_reason.clone(),
             ..after_both.clone()
         },
         "disabling",
     )
     .await;
+    assert!(disabled.disabled_reason.is_some(), "disabling says why");
     let enabled = store
         .update_destination(&tenant, &original.id, &DestinationPatch::enabled(true))
         .await
@@ -369,9 +378,10 @@ pub async fn destination_patch_changes_only_given_fields(store: &dyn EntityStore
         &enabled,
         &Destination {
             enabled: true,
+            disabled_reason: None,
             ..disabled.clone()
         },
-        "enabling",
+        "enabling clears the reason",
     )
     .await;
 

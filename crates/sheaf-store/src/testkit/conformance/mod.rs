@@ -5,6 +5,7 @@
 //! names what went wrong; it never returns a result to check.
 
 pub mod entity;
+pub mod entity_health;
 pub mod log;
 pub mod outbox;
 pub mod queue;
@@ -101,6 +102,7 @@ pub async fn run_entity_store(store: &dyn EntityStore) {
             entity::destination_crud,
             entity::destination_patch_changes_only_given_fields,
             entity::destination_filters_are_kept_replaced_and_cleared,
+            entity_health::delivery_health_disables_and_recovers,
             entity::destinations_are_tenant_scoped,
             entity::secret_rotation_keeps_the_previous_secret,
             entity::deleting_a_tenant_removes_its_destinations,
