@@ -143,6 +143,17 @@ impl LogState {
         }
     }
 
+    /// Whether [`Self::enforce`] would drop anything at `now`: the oldest record of either kind is
+    /// too old, or there are too many. Cheap: it looks at the first entry of each index.
+    fn over(&self, retention: &LogRetention, now: Timestamp) -> bool {
+        let cutoff = retention.max_age.and_then(|age| now.checked_sub(age));
+        let too_old = |oldest: Option<Timestamp>| matches!((cutoff, oldest), (Some(cutoff), Some(time)) if time < cutoff);
+        self.events_by_age.len() > retention.max_events
+            || self.attempts_by_age.len() > retention.max_attempts
+            || too_old(self.events_by_age.first().map(|(time, _, _)| *time))
+            || too_old(self.attempts_by_age.first().map(|(time, _, _)| *time))
+    }
+
     fn enforce(&mut self, retention: &LogRetention, now: Timestamp) {
         let cutoff = retention.max_age.and_then(|age| now.checked_sub(age));
         let too_old = |time: Timestamp| cutoff.is_some_and(|cutoff| time < cutoff);
@@ -258,6 +269,18 @@ impl fmt::Debug for MemoryLogStore {
 
 #[async_trait]
 impl LogStore for MemoryLogStore {
+    /// Drops what the retention no longer allows: records past `max_age` age out even while
+    /// nothing is written. The check takes the read lock only, so a store within its bounds costs
+    /// its readers nothing.
+    async fn maintain(&self) -> Result<bool> {
+        let now = Timestamp::now();
+        if !self.state.read().over(&self.retention, now) {
+            return Ok(false);
+        }
+        self.state.write().enforce(&self.retention, now);
+        Ok(true)
+    }
+
     async fn insert_many(&self, events: &[Event], attempts: &[Attempt]) -> Result<()> {
         let mut state = self.state.write();
         for event in events {

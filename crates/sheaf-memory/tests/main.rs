@@ -225,6 +225,57 @@ mod memory {
         assert_eq!(latest, Some(fresh_attempt));
     }
 
+    /// Records age out while nothing is written: `maintain`, which the service calls every few
+    /// seconds, drops them, and does nothing (under the read lock) while the store is within its
+    /// bounds.
+    #[tokio::test]
+    async fn an_idle_store_drops_what_ages_past_the_max_age() {
+        let retention = LogRetention {
+            max_age: Some(Duration::from_millis(400)),
+            max_events: 100,
+            max_attempts: 100,
+        };
+        let store = MemoryLogStore::new(retention);
+        let tenant = unique_tenant("retention-idle");
+        let events: Vec<_> = (0..3)
+            .map(|i| event(&tenant, &format!("e{i}"), "t", Timestamp::now()))
+            .collect();
+        let d = DestinationId::generate();
+        let attempts = [attempt(&events[0], d, Timestamp::now())];
+        store.insert_many(&events, &attempts).await.expect("insert");
+        assert!(
+            !store.maintain().await.expect("maintain"),
+            "nothing is old yet"
+        );
+        assert_eq!(store.len(), (3, 1));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            store.len(),
+            (3, 1),
+            "no write came, so nothing was dropped yet"
+        );
+        assert!(
+            store.maintain().await.expect("maintain"),
+            "maintain drops them"
+        );
+        assert_eq!(store.len(), (0, 0));
+        assert_eq!(
+            store.get_event(&tenant, &events[0].id).await.expect("get"),
+            None
+        );
+        assert_eq!(
+            store
+                .latest_attempt(&attempts[0].key())
+                .await
+                .expect("latest"),
+            None
+        );
+        assert!(
+            !store.maintain().await.expect("maintain"),
+            "then nothing to do"
+        );
+    }
+
     #[tokio::test]
     async fn attempts_share_the_payload_of_their_stored_event() {
         let store = MemoryLogStore::default();

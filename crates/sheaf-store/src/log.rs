@@ -442,4 +442,12 @@ pub trait LogStore: fmt::Debug + Send + Sync + 'static {
     async fn ping(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Upkeep the store does on its own while the service runs; the service asks every few
+    /// seconds, whether or not anything was written. Returns whether it did anything. The
+    /// default has nothing to do; the memory store drops what its retention no longer allows, so
+    /// an idle store shrinks as its records age too, not only when the next write comes.
+    async fn maintain(&self) -> Result<bool> {
+        Ok(false)
+    }
 }

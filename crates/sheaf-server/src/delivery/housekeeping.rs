@@ -1,6 +1,7 @@
-//! The queue's housekeeping: one task per process asks the queue every few seconds for the
-//! upkeep it needs while it runs (`JobQueue::maintain`; on Postgres, a vacuum of the jobs table
-//! once enough of its rows died, so the claim does not walk through them).
+//! The stores' housekeeping: one task per process asks the queue and the log store every few
+//! seconds for the upkeep they need while they run (`JobQueue::maintain`: on Postgres, a vacuum
+//! of the jobs table once enough of its rows died, so the claim does not walk through them;
+//! `LogStore::maintain`: in memory, retention by age while nothing is written).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,13 @@ pub(super) async fn run(core: Arc<Core>, stop: CancellationToken) {
             Ok(false) => {}
             Err(err) => {
                 tracing::warn!(error = %err, "queue housekeeping failed; trying again later")
+            }
+        }
+        match core.stores.log.maintain().await {
+            Ok(true) => Metrics::inc(&core.metrics.log_maintenance),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "log store housekeeping failed; trying again later")
             }
         }
     }

@@ -86,6 +86,8 @@ pub struct Metrics {
     pub jobs_handed_over: AtomicU64,
     /// Housekeeping runs of the queue that did something (Postgres: vacuums of `jobs`).
     pub queue_maintenance: AtomicU64,
+    /// Housekeeping runs of the log store that did something (memory: records aged out).
+    pub log_maintenance: AtomicU64,
     /// Jobs released unstarted at shutdown.
     pub jobs_released: AtomicU64,
     /// Completer flushes (one per kind of outcome present) and the outcomes they carried.

@@ -190,6 +190,11 @@ pub fn render(
         read(&m.queue_maintenance),
     );
     w.counter(
+        "sheaf_log_maintenance_total",
+        "Log store housekeeping runs that did something (memory: records past their retention age dropped while idle).",
+        read(&m.log_maintenance),
+    );
+    w.counter(
         "sheaf_jobs_released_total",
         "Claimed jobs released unstarted at shutdown.",
         read(&m.jobs_released),
