@@ -332,6 +332,22 @@ impl JobQueue for MemoryJobQueue {
         Ok(depth)
     }
 
+    async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
+        let mut state = self.state.lock();
+        let mut removed = 0;
+        for id in ids {
+            if state
+                .dead
+                .get(id)
+                .is_some_and(|d| d.job.tenant_id == *tenant)
+            {
+                state.remove_dead(*id);
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     async fn list_dead_letters(
         &self,
         tenant: &TenantId,

@@ -63,6 +63,7 @@ struct Statements {
     release: String,
     depth: String,
     purge: String,
+    remove_dead_letters: String,
     vacuum: String,
 }
 
@@ -162,6 +163,9 @@ impl Statements {
                                            AND next_due_at > now()) AS scheduled,
                         (SELECT count(*) FROM {s}.dead_letters) AS dead_lettered
                  FROM {s}.jobs"
+            ),
+            remove_dead_letters: format!(
+                "DELETE FROM {s}.dead_letters WHERE tenant_id = $1 AND id = ANY($2::uuid[])"
             ),
             purge: format!(
                 "WITH jobs_gone AS (DELETE FROM {s}.jobs WHERE tenant_id = $1 RETURNING 1),
@@ -635,6 +639,20 @@ impl JobQueue for PostgresJobQueue {
         Ok(Page::from_overfetch(items, limit, |d| {
             Cursor::new(d.dead_lettered_at, d.job.id.to_string())
         }))
+    }
+
+    async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let done = sqlx::query(&self.sql.remove_dead_letters)
+            .bind(tenant.as_str())
+            .bind(&ids)
+            .execute(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("removing dead letters", e))?;
+        Ok(done.rows_affected())
     }
 
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {

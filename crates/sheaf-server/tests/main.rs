@@ -2,7 +2,8 @@
 //!
 //! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
-//! - `controls`: destination controls on every backend: payload filters.
+//! - `controls`: destination controls on every backend: payload filters, automatic disabling
+//!   with operator events, bulk replay.
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
 //! - `observability`: request ids, the request timeout, JSON logs.
 //! - `traces`: OpenTelemetry spans received by an OTLP collector in the test, and `traceparent`.

@@ -216,6 +216,10 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
         page: &PageRequest,
     ) -> Result<Page<DeadLetter>>;
 
+    /// Removes these dead letters of `tenant` (a replay delivered them anew), in one round trip;
+    /// ids that are not the tenant's dead letters are skipped. Returns how many were removed.
+    async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64>;
+
     /// Removes every job and dead letter of a tenant (it was deleted). Leases on its jobs are lost.
     /// Returns how many jobs and dead letters were removed.
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64>;

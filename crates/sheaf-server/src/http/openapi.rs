@@ -375,6 +375,38 @@ fn schemas(config: &Config) -> Value {
             "additionalProperties": false,
             "properties": { "event_id": event_id_schema(), "destination_id": uuid_schema() }
         },
+        "ReplayInput": {
+            "type": "object",
+            "required": ["status", "since", "until"],
+            "additionalProperties": false,
+            "properties": {
+                "destination_id": uuid_schema(),
+                "topic": topic_schema(),
+                "status": { "enum": ["failed", "dead_lettered", "any"] },
+                "since": { "type": "string", "format": "date-time", "description": "Inclusive" },
+                "until": { "type": "string", "format": "date-time", "description": "Exclusive; at most 7 days after since" }
+            }
+        },
+        "Replay": {
+            "type": "object",
+            "required": ["replay_id", "tenant_id", "request", "state", "pages", "jobs", "dead_letters_removed", "skipped", "limited", "log_store_queries", "queue_queries", "started_at"],
+            "properties": {
+                "replay_id": uuid_schema(),
+                "tenant_id": { "type": "string" },
+                "request": { "type": "object" },
+                "state": { "enum": ["running", "completed", "failed"] },
+                "pages": { "type": "integer" },
+                "jobs": { "type": "integer" },
+                "dead_letters_removed": { "type": "integer" },
+                "skipped": { "type": "integer" },
+                "limited": { "type": "boolean" },
+                "log_store_queries": { "type": "integer" },
+                "queue_queries": { "type": "integer" },
+                "error": { "type": ["string", "null"] },
+                "started_at": timestamp,
+                "finished_at": nullable_timestamp
+            }
+        },
         "RetryQueued": {
             "type": "object",
             "required": ["job_id", "event_id", "destination_id"],

@@ -1,5 +1,6 @@
 //! The ways events and jobs come in: [`publish`] (HTTP publishes and the CDC source's batches,
-//! one path), [`retry`] (a manual retry), [`cdc`] (committed changes of the application's
+//! one path), [`retry`] (a manual retry), [`replay`] (many manual deliveries at once, in pages),
+//! [`cdc`] (committed changes of the application's
 //! Postgres become events), [`shipper`] (the outbox's events and attempts reach the log store).
 //! [`body`] parses the publish body as a pure function.
 //!
@@ -8,6 +9,7 @@
 pub mod body;
 pub mod cdc;
 pub mod publish;
+pub mod replay;
 pub mod retry;
 pub mod shipper;
 

@@ -18,6 +18,7 @@ use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
 };
 use crate::state::metrics::{MetricSources, Metrics};
+use crate::state::replays::Replays;
 use crate::state::secrets::SealedEntityStore;
 use crate::state::stores::Stores;
 use crate::state::trace::EventTraces;
@@ -64,6 +65,8 @@ pub struct Core {
     /// Where the completer reports finished turns; `None` when nothing needs them (no automatic
     /// disabling, no operator webhook).
     pub health: Option<HealthReports>,
+    /// The bulk replays this process ran, by id.
+    pub replays: Replays,
 }
 
 impl Core {
@@ -164,6 +167,7 @@ impl Core {
             jobs,
             traces,
             health,
+            replays: Replays::new(),
         }))
     }
 

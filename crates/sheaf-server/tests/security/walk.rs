@@ -47,6 +47,9 @@ impl Fixture {
                 "tenant_id": self.tenant, "topic": "walk.published", "data": { "walk": true }
             }),
             "RetryInput" => json!({ "event_id": self.event, "destination_id": self.destination }),
+            "ReplayInput" => json!({
+                "status": "any", "since": "2026-01-01T00:00:00Z", "until": "2026-01-02T00:00:00Z"
+            }),
             other => panic!(
                 "route {} {} takes a {other} body: add an example to Fixture::body",
                 route.method, route.path

@@ -5,11 +5,13 @@
 mod destinations;
 mod events;
 mod operations;
+mod replays;
 mod tenants;
 
 pub(crate) use destinations::*;
 pub(crate) use events::*;
 pub(crate) use operations::*;
+pub(crate) use replays::*;
 pub(crate) use tenants::*;
 
 use axum::response::Response;

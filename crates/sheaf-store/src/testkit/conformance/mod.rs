@@ -70,6 +70,7 @@ pub async fn run_job_queue(queue: &dyn JobQueue) {
             queue::release_makes_jobs_claimable_again,
             queue::lost_leases_change_nothing,
             queue::dead_letters_are_kept_and_listed,
+            queue::removed_dead_letters_leave_the_list,
             queue::purge_tenant_removes_its_jobs,
         ]
     );

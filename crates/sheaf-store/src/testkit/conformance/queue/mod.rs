@@ -18,6 +18,7 @@ pub use leases::{
 };
 pub use outcomes::{
     dead_letters_are_kept_and_listed, lost_leases_change_nothing, purge_tenant_removes_its_jobs,
+    removed_dead_letters_leave_the_list,
 };
 
 use std::collections::HashSet;

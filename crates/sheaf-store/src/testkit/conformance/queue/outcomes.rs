@@ -280,3 +280,73 @@ pub async fn purge_tenant_removes_its_jobs(queue: &dyn JobQueue) {
     assert_eq!(queue.purge_tenant(&ta).await.expect("purge_tenant"), 0);
     assert_idle(queue, "purge_tenant_removes_its_jobs (end)").await;
 }
+
+/// Removing dead letters takes exactly the named ones of the tenant: another tenant's dead
+/// letter, an unknown id and a pending job's id are skipped.
+pub async fn removed_dead_letters_leave_the_list(queue: &dyn JobQueue) {
+    assert_idle(queue, "removed_dead_letters_leave_the_list").await;
+    let (ta, tb) = (
+        unique_tenant("queue-undead-a"),
+        unique_tenant("queue-undead-b"),
+    );
+    let now = Timestamp::now();
+    let mine: Vec<Job> = (0..4)
+        .map(|i| job(&ta, shift(now, -(10 - i) * SECOND)))
+        .collect();
+    let theirs = job(&tb, shift(now, -5 * SECOND));
+    let pending = job(&ta, shift(now, 3_600 * SECOND));
+    let mut all = mine.clone();
+    all.push(theirs.clone());
+    queue.enqueue(&all).await.expect("enqueue failed");
+    queue
+        .enqueue(std::slice::from_ref(&pending))
+        .await
+        .expect("enqueue failed");
+    let claimed = claim(queue, 10, LONG).await;
+    assert_eq!(claimed.len(), 5, "the due ones");
+    let requests: Vec<DeadLetterRequest> = claimed
+        .iter()
+        .map(|c| DeadLetterRequest {
+            lease: c.lease,
+            reason: "gave up".to_owned(),
+        })
+        .collect();
+    assert!(
+        queue
+            .dead_letter(&requests)
+            .await
+            .expect("dead_letter")
+            .is_empty()
+    );
+
+    let named = vec![
+        mine[0].id,
+        mine[2].id,
+        theirs.id,
+        pending.id,
+        JobId::generate(),
+    ];
+    let removed = queue
+        .remove_dead_letters(&ta, &named)
+        .await
+        .expect("remove_dead_letters failed");
+    assert_eq!(removed, 2, "only the tenant's own dead letters");
+    let listed = queue
+        .list_dead_letters(&ta, &PageRequest::first(100))
+        .await
+        .expect("list_dead_letters failed");
+    let left: Vec<JobId> = sorted(listed.items.iter().map(|d| d.job.id).collect());
+    assert_eq!(left, sorted(vec![mine[1].id, mine[3].id]));
+    let other = queue
+        .list_dead_letters(&tb, &PageRequest::first(100))
+        .await
+        .expect("list_dead_letters failed");
+    assert_eq!(other.items.len(), 1, "another tenant's dead letter stays");
+    assert_eq!(
+        queue.depth().await.expect("depth").scheduled,
+        1,
+        "a pending job named by mistake stays pending"
+    );
+    assert_eq!(queue.remove_dead_letters(&ta, &[]).await.expect("empty"), 0);
+    purge(queue, &[&ta, &tb]).await;
+}
