@@ -181,6 +181,36 @@ async fn failing_destinations_are_disabled_and_recover(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Only Sheaf writes the operator tenant: a forged operator event, or removing its
+    // destination, is refused.
+    for (method, path, body) in [
+        (
+            "POST",
+            "/api/v1/publish".to_owned(),
+            Some(json!({ "tenant_id": "_sheaf", "topic": "destination.disabled", "data": {} })),
+        ),
+        ("DELETE", "/api/v1/tenants/_sheaf".to_owned(), None),
+        ("PUT", "/api/v1/tenants/_sheaf".to_owned(), None),
+    ] {
+        let refused = client.send(method, &path, body).await;
+        assert_eq!(refused.status, 400, "{method} {path}: {refused:?}");
+        assert!(
+            refused.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("reserved for Sheaf's operator events"),
+            "{refused:?}"
+        );
+    }
+    let operator_destinations = client.get("/api/v1/tenants/_sheaf/destinations").await;
+    let listed = operator_destinations.body["items"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{operator_destinations:?}");
+    let operator_path = format!(
+        "/api/v1/tenants/_sheaf/destinations/{}",
+        listed[0]["id"].as_str().unwrap()
+    );
+    let refused = client.send("DELETE", &operator_path, None).await;
+    assert_eq!(refused.status, 400, "{refused:?}");
     server.shutdown().await;
 }
 

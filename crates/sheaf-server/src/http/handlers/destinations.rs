@@ -24,7 +24,7 @@ use crate::http::limits::{
     MAX_CUSTOM_HEADERS, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_TOPICS,
 };
 
-use super::{ApiResult, existing_destination, existing_tenant};
+use super::{ApiResult, existing_destination, existing_tenant, not_operator_tenant};
 
 fn destination_json(d: &Destination) -> Value {
     json!({
@@ -190,6 +190,7 @@ pub(crate) async fn create_destination(
     ApiJson(input): ApiJson<DestinationInput>,
 ) -> ApiResult {
     let tenant = existing_tenant(&core, raw).await?;
+    not_operator_tenant(&tenant)?;
     let kind: DestinationKind = input.kind.parse()?;
     let topics = check_topics(input.topics)?;
     let filter = check_filter(input.filter)?;
@@ -250,6 +251,7 @@ async fn apply_patch(
     patch: DestinationPatch,
 ) -> ApiResult {
     let (tenant, id) = existing_destination(core, raw, dest).await?;
+    not_operator_tenant(&tenant)?;
     let updated = core
         .entities
         .store()
@@ -303,6 +305,7 @@ pub(crate) async fn delete_destination(
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
     let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    not_operator_tenant(&tenant)?;
     core.entities
         .store()
         .delete_destination(&tenant, &id)
@@ -316,6 +319,7 @@ pub(crate) async fn rotate_secret(
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
     let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    not_operator_tenant(&tenant)?;
     let expires = Timestamp::now().saturating_add(core.config.secret_rotation_grace);
     let rotated = core
         .entities

@@ -17,7 +17,7 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery, AppState};
 use crate::ingest::publish::PublishRequest;
 use crate::ingest::retry::RetryRequest;
 
-use super::{ApiResult, existing_tenant, tenant_id};
+use super::{ApiResult, existing_tenant, not_operator_tenant, tenant_id};
 
 pub(crate) async fn publish(
     State(core): State<AppState>,
@@ -27,6 +27,7 @@ pub(crate) async fn publish(
     let request = crate::ingest::body::validate_publish(request)?;
     // Before the tenant is looked up: a token learns nothing about other tenants.
     caller.may_act_for(&request.tenant_id)?;
+    not_operator_tenant(&request.tenant_id)?;
     let published = crate::ingest::publish::publish(&core, request).await?;
     Ok((
         StatusCode::ACCEPTED,

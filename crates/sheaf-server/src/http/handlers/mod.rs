@@ -26,6 +26,18 @@ pub(super) fn tenant_id(raw: String) -> Result<TenantId, ApiError> {
     crate::ingest::body::api_tenant_id(raw).map_err(ApiError::from)
 }
 
+/// Refuses writes through the API to the operator tenant (`_sheaf`): Sheaf alone publishes its
+/// operator events and keeps its destination; reading them is open to the admin like any tenant.
+pub(super) fn not_operator_tenant(tenant: &TenantId) -> Result<(), ApiError> {
+    if tenant.as_str() == crate::state::health::OPERATOR_TENANT {
+        return Err(ApiError::invalid(format!(
+            "tenant {} is reserved for Sheaf's operator events: it can be read, not written",
+            crate::state::health::OPERATOR_TENANT
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn destination_id(raw: &str) -> Result<DestinationId, ApiError> {
     raw.parse::<DestinationId>()
         .map_err(|_| ApiError::not_found(format!("destination {raw} does not exist")))

@@ -13,7 +13,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{ApiPath, AppState, OptionalJson};
 use crate::http::tokens::unix_now;
 
-use super::{ApiResult, require_tenant, tenant_id};
+use super::{ApiResult, not_operator_tenant, require_tenant, tenant_id};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,6 +28,7 @@ pub(crate) async fn put_tenant(
     OptionalJson(input): OptionalJson<TenantInput>,
 ) -> ApiResult {
     let id = tenant_id(raw)?;
+    not_operator_tenant(&id)?;
     let metadata = input.map(|i| i.metadata).unwrap_or_default();
     let upsert = core.entities.store().upsert_tenant(&id, &metadata).await?;
     core.entities.invalidate(&id).await;
@@ -55,6 +56,7 @@ pub(crate) async fn delete_tenant(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult {
     let id = tenant_id(raw)?;
+    not_operator_tenant(&id)?;
     core.entities
         .store()
         .delete_tenant(&id)
