@@ -182,6 +182,9 @@ impl EntityStore for MemoryEntityStore {
         if let Some(filter) = &patch.filter {
             destination.filter = filter.clone();
         }
+        if let Some(rate_limit) = patch.rate_limit {
+            destination.rate_limit = rate_limit;
+        }
         if let Some(headers) = &patch.headers {
             destination.headers = headers.clone();
         }

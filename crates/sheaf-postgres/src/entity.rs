@@ -8,8 +8,8 @@ use std::str::FromStr;
 use async_trait::async_trait;
 use sheaf_store::{
     DeliveryHealth, Destination, DestinationId, DestinationKind, DestinationPatch, DisabledReason,
-    EntityStore, Error, Filter, HealthChange, PreviousSecret, Result, Secret, Tenant, TenantId,
-    TenantUpsert, Timestamp, Topics, validate_health_reports,
+    EntityStore, Error, Filter, HealthChange, PreviousSecret, RateLimit, Result, Secret, Tenant,
+    TenantId, TenantUpsert, Timestamp, Topics, validate_health_reports,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -20,7 +20,8 @@ use crate::error::{decode, from_sqlx};
 
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, url, topics, headers, enabled, secret, \
      previous_secret, previous_secret_expires_at, created_at, updated_at, filter, \
-     disabled_reason, disabled_since, disabled_automatically, consecutive_failures";
+     disabled_reason, disabled_since, disabled_automatically, consecutive_failures, \
+     rate_limit_per_second";
 
 /// The largest count `consecutive_failures` (an `integer`) holds; counts saturate there, and a
 /// larger limit counts as this one (`migrations/0006_destination_health.sql`).
@@ -64,7 +65,7 @@ impl Statements {
             create_destination: format!(
                 "INSERT INTO {s}.destinations ({DESTINATION_COLUMNS})
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17)"
+                         $17, $18)"
             ),
             get_destination: format!(
                 "SELECT {DESTINATION_COLUMNS} FROM {s}.destinations
@@ -75,14 +76,16 @@ impl Statements {
                  WHERE tenant_id = $1 ORDER BY id"
             ),
             // One statement, so two patches never race through a read-modify-write. The filter
-            // can be cleared, so a flag ($7) says whether $8 replaces it. The reason ($9–$11)
-            // follows `enabled` ($6): enabling clears it, disabling sets it (NULLs when the patch
-            // gives none), and no `enabled` leaves it.
+            // can be cleared, so a flag ($7) says whether $8 replaces it; so can the rate limit
+            // (flag $12, limit $13). The reason ($9–$11) follows `enabled` ($6): enabling clears
+            // it, disabling sets it (NULLs when the patch gives none), and no `enabled` leaves it.
             update_destination: format!(
                 "UPDATE {s}.destinations
                  SET url = COALESCE($3, url), topics = COALESCE($4, topics),
                      headers = COALESCE($5, headers), enabled = COALESCE($6, enabled),
                      filter = CASE WHEN $7 THEN $8 ELSE filter END,
+                     rate_limit_per_second = CASE WHEN $12 THEN $13::integer
+                                                  ELSE rate_limit_per_second END,
                      disabled_reason = CASE $6 WHEN true THEN NULL WHEN false THEN $9
                                            ELSE disabled_reason END,
                      disabled_since = CASE $6 WHEN true THEN NULL WHEN false THEN $10
@@ -234,6 +237,14 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
     let failures: i32 = get(row, "consecutive_failures")?;
     let consecutive_failures = u32::try_from(failures)
         .map_err(|_| decode(reading, format_args!("{failures} consecutive failures")))?;
+    let per_second: Option<i32> = get(row, "rate_limit_per_second")?;
+    let rate_limit = per_second
+        .map(|n| {
+            u32::try_from(n)
+                .map_err(|_| decode(reading, format_args!("a rate limit of {n} per second")))
+                .and_then(|n| RateLimit::new(n).map_err(|e| decode(reading, e)))
+        })
+        .transpose()?;
     Ok(Destination {
         id: DestinationId::from_uuid(get(row, "id")?),
         tenant_id: TenantId::new(get::<String>(row, "tenant_id")?)?,
@@ -241,6 +252,7 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
         url: get(row, "url")?,
         topics: Topics::from_list(topics).map_err(|e| decode(reading, e))?,
         filter,
+        rate_limit,
         headers: headers.0,
         enabled: get(row, "enabled")?,
         disabled_reason,
@@ -255,6 +267,12 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
 /// A count (or a limit) as `consecutive_failures` holds it, saturating at [`MAX_FAILURES`].
 fn saturated(count: u32) -> i32 {
     i32::try_from(count).unwrap_or(MAX_FAILURES)
+}
+
+/// A rate limit as `rate_limit_per_second` holds it. [`RateLimit::new`] bounds it to 10,000, so
+/// it always fits; saturating keeps that from being a panic if the bound ever grows.
+fn per_second(limit: RateLimit) -> i32 {
+    i32::try_from(limit.per_second).unwrap_or(i32::MAX)
 }
 
 fn missing_destination(tenant: &TenantId, id: &DestinationId) -> Error {
@@ -322,6 +340,7 @@ impl EntityStore for PostgresEntityStore {
             .bind(reason.map(|r| r.since.as_datetime()))
             .bind(reason.map(|r| r.automatic))
             .bind(saturated(destination.consecutive_failures))
+            .bind(destination.rate_limit.map(per_second))
             .execute(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("creating a destination", e))?;
@@ -376,6 +395,8 @@ impl EntityStore for PostgresEntityStore {
             .bind(reason.map(|r| pg_text(&r.reason)))
             .bind(reason.map(|r| r.since.as_datetime()))
             .bind(reason.map(|r| r.automatic))
+            .bind(patch.rate_limit.is_some())
+            .bind(patch.rate_limit.flatten().map(per_second))
             .fetch_optional(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("updating a destination", e))?;

@@ -57,6 +57,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "destination_health",
         sql: include_str!("../migrations/0006_destination_health.sql"),
     },
+    Migration {
+        version: 7,
+        name: "rate_limits_and_processes",
+        sql: include_str!("../migrations/0007_rate_limits_and_processes.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

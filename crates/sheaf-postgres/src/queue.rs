@@ -64,6 +64,7 @@ struct Statements {
     depth: String,
     purge: String,
     remove_dead_letters: String,
+    heartbeat: String,
     vacuum: String,
 }
 
@@ -172,6 +173,28 @@ impl Statements {
                       dead_gone AS (DELETE FROM {s}.dead_letters WHERE tenant_id = $1 RETURNING 1)
                  SELECT (SELECT count(*) FROM jobs_gone) + (SELECT count(*) FROM dead_gone)
                         AS removed"
+            ),
+            // `JobQueue::heartbeat` in one round trip: stamp this process ($1) with the server's
+            // `now()`, delete the rows older than the ttl ($2 µs), and count the processes.
+            // Every part of a statement reads the same snapshot, taken before any of its
+            // changes, so the count cannot come from the table as modified: it is the other
+            // processes the snapshot holds within the ttl, plus this one, whether its row was
+            // new, stale or fresh. The delete leaves this process's row to the upsert (one
+            // statement may not change a row twice), and skips rows another heartbeat is
+            // deleting, so concurrent heartbeats neither wait for nor deadlock with each other.
+            heartbeat: format!(
+                "WITH seen AS (
+                     INSERT INTO {s}.processes AS p (id, seen_at) VALUES ($1, now())
+                     ON CONFLICT (id) DO UPDATE SET seen_at = EXCLUDED.seen_at
+                 ), gone AS (
+                     DELETE FROM {s}.processes
+                     WHERE id IN (SELECT id FROM {s}.processes
+                                  WHERE seen_at < now() - $2::bigint * interval '1 microsecond'
+                                    AND id <> $1
+                                  FOR UPDATE SKIP LOCKED)
+                 )
+                 SELECT 1 + count(*) AS processes FROM {s}.processes
+                 WHERE seen_at >= now() - $2::bigint * interval '1 microsecond' AND id <> $1"
             ),
             // TRUNCATE false: giving empty tail pages back to the file system needs an
             // exclusive lock on the table, which stops every claim and outcome while it is
@@ -662,6 +685,18 @@ impl JobQueue for PostgresJobQueue {
             .await
             .map_err(|e| from_sqlx("purging a tenant's jobs", e))?;
         count(&row, "removed")
+    }
+
+    async fn heartbeat(&self, process: uuid::Uuid, ttl: Duration) -> Result<u32> {
+        let row = sqlx::query(&self.sql.heartbeat)
+            .bind(process)
+            .bind(micros(ttl))
+            .fetch_one(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("recording a heartbeat", e))?;
+        // At least this process; more processes than a u32 counts is not a real deployment.
+        let processes = count(&row, "processes")?;
+        Ok(u32::try_from(processes).unwrap_or(u32::MAX).max(1))
     }
 
     async fn ping(&self) -> Result<()> {

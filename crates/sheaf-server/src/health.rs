@@ -292,6 +292,7 @@ pub(crate) async fn ensure_operator_destination(
         url: webhook.url.to_string(),
         topics: Topics::All,
         filter: None,
+        rate_limit: None,
         headers: Default::default(),
         enabled: true,
         disabled_reason: None,

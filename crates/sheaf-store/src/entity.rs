@@ -179,6 +179,8 @@ pub struct Destination {
     pub topics: Topics,
     /// Of the events whose topic it receives, which it receives: `None` for all.
     pub filter: Option<Filter>,
+    /// At most this many deliveries started per second, across every process; `None`: no limit.
+    pub rate_limit: Option<RateLimit>,
     /// Extra HTTP headers sent with every delivery, by name.
     pub headers: BTreeMap<String, String>,
     /// Disabled destinations keep their configuration but receive nothing.
@@ -215,6 +217,30 @@ impl Destination {
             secrets.push(&previous.secret);
         }
         secrets
+    }
+}
+
+/// How many deliveries to a destination may start per second, across every process sharing the
+/// queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RateLimit {
+    /// Deliveries started per second: 1 to [`RateLimit::MAX`].
+    pub per_second: u32,
+}
+
+impl RateLimit {
+    /// The highest limit: above it, a limit is no limit in practice.
+    pub const MAX: u32 = 10_000;
+
+    /// A limit of `per_second`, [`Error::InvalidInput`] outside 1..=[`RateLimit::MAX`].
+    pub fn new(per_second: u32) -> Result<Self> {
+        if !(1..=Self::MAX).contains(&per_second) {
+            return Err(Error::invalid_input(format!(
+                "rate_limit.per_second must be 1 to {}, got {per_second}",
+                Self::MAX
+            )));
+        }
+        Ok(RateLimit { per_second })
     }
 }
 
@@ -307,6 +333,8 @@ pub struct DestinationPatch {
     pub topics: Option<Topics>,
     /// A new payload filter (`Some(Some(_))`), or none any more (`Some(None)`).
     pub filter: Option<Option<Filter>>,
+    /// A new rate limit (`Some(Some(_))`), or none any more (`Some(None)`).
+    pub rate_limit: Option<Option<RateLimit>>,
     /// A new set of custom headers (replacing the old set whole).
     pub headers: Option<BTreeMap<String, String>>,
     /// Enable (which clears `disabled_reason`) or disable (which sets it to the patch's

@@ -45,7 +45,8 @@ pub mod testkit;
 
 pub use entity::{
     DeliveryHealth, Destination, DestinationKind, DestinationPatch, DisabledReason, EntityStore,
-    HealthChange, PreviousSecret, Secret, Tenant, TenantUpsert, Topics, validate_health_reports,
+    HealthChange, PreviousSecret, RateLimit, Secret, Tenant, TenantUpsert, Topics,
+    validate_health_reports,
 };
 pub use error::{Error, ErrorKind, Result, SharedSource};
 pub use filter::{Filter, FilterError};

@@ -224,6 +224,15 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
     /// Returns how many jobs and dead letters were removed.
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64>;
 
+    /// Records that the process `process` uses the queue now, and returns how many processes
+    /// do: those whose last heartbeat lies within `ttl` (this one included), at least 1. Limits
+    /// shared by every process (a destination's rate limit) are split by this count. The default
+    /// says 1: a queue only one process can use (memory) needs no heartbeat.
+    async fn heartbeat(&self, process: uuid::Uuid, ttl: Duration) -> Result<u32> {
+        let _ = (process, ttl);
+        Ok(1)
+    }
+
     /// Whether the queue is reachable, for readiness checks. The default says yes.
     async fn ping(&self) -> Result<()> {
         Ok(())

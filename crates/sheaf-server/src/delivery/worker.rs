@@ -25,6 +25,7 @@ use crate::state::health::Report;
 use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{DeliveryOutcome, Metrics};
+use crate::state::pacer::Admission;
 use crate::state::trace::{record_ids, trace_headers};
 
 /// How often a failed attempt write is tried before the worker gives up on logging it.
@@ -103,6 +104,17 @@ fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
     Outcome::Reschedule(Reschedule {
         lease: claimed.lease,
         due_at: Timestamp::now().saturating_add(core.config.retry.not_ready_delay),
+        attempt_number: claimed.job.attempt_number,
+        last_attempt_time: claimed.job.last_attempt_time,
+    })
+}
+
+/// Held back by the pacer until `wait` from now: rescheduled to its turn, not an attempt.
+fn paced(core: &Core, claimed: &ClaimedJob, wait: Duration) -> Outcome {
+    core.metrics.delivery(DeliveryOutcome::Paced);
+    Outcome::Reschedule(Reschedule {
+        lease: claimed.lease,
+        due_at: Timestamp::now().saturating_add(wait),
         attempt_number: claimed.job.attempt_number,
         last_attempt_time: claimed.job.last_attempt_time,
     })
@@ -242,6 +254,12 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
             report,
         });
     }
+    if let Admission::Hold(wait) = core
+        .pacer
+        .admit(destination.id, job.id, destination.rate_limit)
+    {
+        return Some(paced(core, &claimed, wait).into());
+    }
     let manual = is_manual_job(&job.id) && job.last_attempt_time.is_none();
     let first = job.last_attempt_time.is_none() && (job.attempt_number == 1 || manual);
     let resolved = if first {
@@ -262,6 +280,14 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
         .deliver(&destination, &job.event_id, body, now, trace)
         .await;
     core.metrics.attempt_latency(delivered.elapsed);
+    if delivered.code == Some(429) || delivered.retry_after.is_some() {
+        // The destination asked to be left alone: every delivery to it waits, not only this one.
+        let pause = delivered
+            .retry_after
+            .unwrap_or(Duration::from_secs(1))
+            .clamp(Duration::from_secs(1), core.config.retry.retry_after_max);
+        core.pacer.pause(destination.id, pause);
+    }
     if let Some(code) = delivered.code {
         span.record("http.response.status_code", code);
     }

@@ -235,6 +235,7 @@ fn schemas(config: &Config) -> Value {
                 "type": { "const": "webhook" },
                 "topics": topics_schema(),
                 "filter": { "anyOf": [{ "$ref": "#/components/schemas/Filter" }, { "type": "null" }] },
+                "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "Deliveries started per second, across every process" },
                 "config": {
                     "type": "object",
                     "required": ["url"],
@@ -254,6 +255,7 @@ fn schemas(config: &Config) -> Value {
                     "anyOf": [{ "$ref": "#/components/schemas/Filter" }, { "type": "null" }],
                     "description": "A new payload filter, or null for none"
                 },
+                "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "A new rate limit, or null for none" },
                 "config": {
                     "type": "object",
                     "additionalProperties": false,
@@ -265,13 +267,14 @@ fn schemas(config: &Config) -> Value {
         },
         "Destination": {
             "type": "object",
-            "required": ["id", "tenant_id", "type", "topics", "filter", "config", "headers", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
+            "required": ["id", "tenant_id", "type", "topics", "filter", "rate_limit", "config", "headers", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
             "properties": {
                 "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
                 "type": { "const": "webhook" },
                 "topics": { "type": "array", "items": { "type": "string" } },
                 "filter": { "type": ["object", "null"], "description": "The payload filter as given, or null" },
+                "rate_limit": { "type": ["object", "null"], "properties": { "per_second": { "type": "integer" } } },
                 "config": { "type": "object", "required": ["url"], "properties": { "url": { "type": "string" } } },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "enabled": { "type": "boolean" },

@@ -13,6 +13,7 @@
 //!   operator events.
 //! - [`jobs`]: how delivery job ids are derived, and how a manual retry's job is told apart.
 //! - [`metrics`]: the counters and the Prometheus page.
+//! - [`pacer`]: when a delivery to a destination may start (its rate limit's share, pauses).
 //! - [`replays`]: the bulk replays this process ran, for reading their progress back.
 //! - [`backoff`]: the one rule for waiting between tries of a failed call.
 //! - [`trace`]: W3C trace context in and out, and the publishes' contexts kept for their
@@ -26,6 +27,7 @@ pub mod intake;
 pub mod jobs;
 pub mod log_access;
 pub mod metrics;
+pub mod pacer;
 pub mod replays;
 pub mod secrets;
 mod shared;

@@ -18,6 +18,7 @@ use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
 };
 use crate::state::metrics::{MetricSources, Metrics};
+use crate::state::pacer::Pacer;
 use crate::state::replays::Replays;
 use crate::state::secrets::SealedEntityStore;
 use crate::state::stores::Stores;
@@ -67,6 +68,10 @@ pub struct Core {
     pub health: Option<HealthReports>,
     /// The bulk replays this process ran, by id.
     pub replays: Replays,
+    /// When deliveries to each destination may start (rate limits, `Retry-After` pauses).
+    pub pacer: Pacer,
+    /// This process's id in the queue's heartbeats.
+    pub process_id: uuid::Uuid,
 }
 
 impl Core {
@@ -168,6 +173,8 @@ impl Core {
             traces,
             health,
             replays: Replays::new(),
+            pacer: Pacer::new(),
+            process_id: uuid::Uuid::now_v7(),
         }))
     }
 

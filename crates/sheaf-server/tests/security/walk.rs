@@ -164,6 +164,7 @@ pub(super) fn stored_destination(
         url,
         topics,
         filter: None,
+        rate_limit: None,
         headers: Default::default(),
         enabled: true,
         disabled_reason: None,

@@ -106,6 +106,7 @@ pub fn destination(tenant: &TenantId) -> Destination {
         url: "https://example.com/hooks/sheaf".to_owned(),
         topics: Topics::All,
         filter: None,
+        rate_limit: None,
         headers: BTreeMap::from([("x-team".to_owned(), "payments".to_owned())]),
         enabled: true,
         disabled_reason: None,

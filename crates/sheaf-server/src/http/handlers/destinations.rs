@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sheaf_store::{
     Destination, DestinationId, DestinationKind, DestinationPatch, DisabledReason, Filter,
-    Timestamp, Topics,
+    RateLimit, Timestamp, Topics,
 };
 
 use crate::delivery::guard::check_url;
@@ -33,6 +33,7 @@ fn destination_json(d: &Destination) -> Value {
         "type": d.kind.as_str(),
         "topics": d.topics,
         "filter": d.filter.as_ref().map(Filter::source),
+        "rate_limit": d.rate_limit.map(|r| json!({ "per_second": r.per_second })),
         "config": { "url": d.url },
         "headers": d.headers,
         "enabled": d.enabled,
@@ -68,6 +69,8 @@ pub(crate) struct DestinationInput {
     topics: Vec<String>,
     #[serde(default)]
     filter: Option<Value>,
+    #[serde(default)]
+    rate_limit: Option<RateLimitInput>,
     config: WebhookConfig,
     #[serde(default)]
     headers: BTreeMap<String, String>,
@@ -90,6 +93,9 @@ pub(crate) struct DestinationPatchInput {
     /// Absent: unchanged; `null`: cleared; an object: replaced.
     #[serde(default, deserialize_with = "present")]
     filter: Option<Option<Value>>,
+    /// Absent: unchanged; `null`: no limit; an object: the new limit.
+    #[serde(default, deserialize_with = "present")]
+    rate_limit: Option<Option<RateLimitInput>>,
     #[serde(default, deserialize_with = "not_null")]
     config: Option<PatchConfig>,
     #[serde(default, deserialize_with = "not_null")]
@@ -107,10 +113,39 @@ fn not_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 /// Tells a field given as `null` (`Some(None)`) from an absent one (`None`, through `default`).
-fn present<'de, D: serde::Deserializer<'de>>(
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
-) -> Result<Option<Option<Value>>, D::Error> {
-    Option::<Value>::deserialize(deserializer).map(Some)
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// `{"per_second": N}`. N is read as any JSON number, so `7.0` is 7 as JSON Schema's `integer`
+/// says; a fraction or a number out of range is refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateLimitInput {
+    per_second: serde_json::Number,
+}
+
+fn check_rate_limit(input: Option<RateLimitInput>) -> Result<Option<RateLimit>, ApiError> {
+    let Some(input) = input else {
+        return Ok(None);
+    };
+    let n = &input.per_second;
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
+            .map(|f| f as u64)
+    });
+    let per_second = whole.and_then(|w| u32::try_from(w).ok()).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "rate_limit.per_second must be a whole number from 1 to {}, got {n}",
+            RateLimit::MAX
+        ))
+    })?;
+    RateLimit::new(per_second)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 /// A payload filter, refused with the path of what is wrong in it (`filter.data.total.$gte: …`).
@@ -194,6 +229,7 @@ pub(crate) async fn create_destination(
     let kind: DestinationKind = input.kind.parse()?;
     let topics = check_topics(input.topics)?;
     let filter = check_filter(input.filter)?;
+    let rate_limit = check_rate_limit(input.rate_limit)?;
     check_headers(&input.headers)?;
     let url = checked_url(&core, &input.config.url).await?;
     let now = Timestamp::now();
@@ -204,6 +240,7 @@ pub(crate) async fn create_destination(
         url,
         topics,
         filter,
+        rate_limit,
         headers: input.headers,
         enabled: input.enabled.unwrap_or(true),
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
@@ -268,6 +305,7 @@ pub(crate) async fn patch_destination(
 ) -> ApiResult {
     let topics = input.topics.map(check_topics).transpose()?;
     let filter = input.filter.map(check_filter).transpose()?;
+    let rate_limit = input.rate_limit.map(check_rate_limit).transpose()?;
     if let Some(headers) = &input.headers {
         check_headers(headers)?;
     }
@@ -279,6 +317,7 @@ pub(crate) async fn patch_destination(
         url,
         topics,
         filter,
+        rate_limit,
         headers: input.headers,
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),

@@ -27,10 +27,13 @@ pub enum DeliveryOutcome {
     Dropped,
     /// The event is not in the log store any more (retention): nothing was sent.
     EventMissing,
+    /// Held back by the destination's rate limit or a `Retry-After` pause: rescheduled to its
+    /// turn, not an attempt.
+    Paced,
 }
 
 impl DeliveryOutcome {
-    const ALL: [DeliveryOutcome; 7] = [
+    const ALL: [DeliveryOutcome; 8] = [
         DeliveryOutcome::Success,
         DeliveryOutcome::Failed,
         DeliveryOutcome::DeadLettered,
@@ -38,6 +41,7 @@ impl DeliveryOutcome {
         DeliveryOutcome::NotReady,
         DeliveryOutcome::Dropped,
         DeliveryOutcome::EventMissing,
+        DeliveryOutcome::Paced,
     ];
 
     fn label(self) -> &'static str {
@@ -49,6 +53,7 @@ impl DeliveryOutcome {
             DeliveryOutcome::NotReady => "not_ready",
             DeliveryOutcome::Dropped => "dropped",
             DeliveryOutcome::EventMissing => "event_missing",
+            DeliveryOutcome::Paced => "paced",
         }
     }
 
@@ -65,7 +70,7 @@ const LATENCY_BUCKETS: [f64; 12] = [
 /// Every counter the service keeps besides the coalescers'.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    deliveries: [AtomicU64; 7],
+    deliveries: [AtomicU64; 8],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_micros: AtomicU64,
@@ -88,6 +93,8 @@ pub struct Metrics {
     pub queue_maintenance: AtomicU64,
     /// Housekeeping runs of the log store that did something (memory: records aged out).
     pub log_maintenance: AtomicU64,
+    /// Processes delivering from the queue, as the last heartbeat counted them (0 before it).
+    pub queue_processes: AtomicU64,
     /// Jobs released unstarted at shutdown.
     pub jobs_released: AtomicU64,
     /// Completer flushes (one per kind of outcome present) and the outcomes they carried.

@@ -189,6 +189,11 @@ pub fn render(
         "Queue housekeeping runs that did something (Postgres: vacuums of the jobs table).",
         read(&m.queue_maintenance),
     );
+    w.gauge(
+        "sheaf_queue_processes",
+        "Processes delivering from the queue, as this process's last heartbeat counted them; rate limits are split between them.",
+        read(&m.queue_processes),
+    );
     w.counter(
         "sheaf_log_maintenance_total",
         "Log store housekeeping runs that did something (memory: records past their retention age dropped while idle).",

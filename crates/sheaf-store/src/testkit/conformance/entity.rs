@@ -40,7 +40,7 @@ pub(super) async fn get(
 
 /// Checks what a mutation returned: `expected` in every field but `updated_at`, which must not
 /// go back; and a fresh read returns the same.
-async fn check_mutation(
+pub(super) async fn check_mutation(
     store: &dyn EntityStore,
     returned: &Destination,
     expected: &Destination,

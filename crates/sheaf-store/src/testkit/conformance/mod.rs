@@ -6,6 +6,7 @@
 
 pub mod entity;
 pub mod entity_health;
+pub mod entity_limits;
 pub mod log;
 pub mod outbox;
 pub mod queue;
@@ -72,6 +73,7 @@ pub async fn run_job_queue(queue: &dyn JobQueue) {
             queue::dead_letters_are_kept_and_listed,
             queue::removed_dead_letters_leave_the_list,
             queue::purge_tenant_removes_its_jobs,
+            queue::heartbeats_count_the_processes_sharing_the_queue,
         ]
     );
 }
@@ -103,6 +105,7 @@ pub async fn run_entity_store(store: &dyn EntityStore) {
             entity::destination_crud,
             entity::destination_patch_changes_only_given_fields,
             entity::destination_filters_are_kept_replaced_and_cleared,
+            entity_limits::destination_rate_limits_are_kept_replaced_and_cleared,
             entity_health::delivery_health_disables_and_recovers,
             entity::destinations_are_tenant_scoped,
             entity::secret_rotation_keeps_the_previous_secret,

@@ -1,10 +1,11 @@
 //! [`JobQueue`] conformance: due order, exclusive claims, lease expiry, renewal, the outcomes, the
-//! lost-lease rule and dead letters.
+//! lost-lease rule, dead letters and heartbeats.
 //!
 //! Every case expects an idle queue of its own (a claim takes any due job, whatever its tenant),
 //! checks that it is idle when it starts, and purges its tenants when it ends.
 
 mod claims;
+mod heartbeats;
 mod leases;
 mod outcomes;
 
@@ -12,6 +13,7 @@ pub use claims::{
     claim_hands_out_due_jobs_in_order, claim_validates_input,
     concurrent_claimers_never_share_a_job, enqueue_is_idempotent_and_validated,
 };
+pub use heartbeats::heartbeats_count_the_processes_sharing_the_queue;
 pub use leases::{
     expired_lease_returns_the_job, release_makes_jobs_claimable_again, renew_extends_the_lease,
     reschedule_moves_the_job,

@@ -1,0 +1,93 @@
+//! [`Destination::rate_limit`] conformance: a limit is stored as given, kept by patches that do
+//! not name it, replaced and cleared by those that do.
+
+use super::entity::{check_mutation, get, make_tenant};
+use crate::testkit::fixtures::destination;
+use crate::{Destination, DestinationPatch, EntityStore, RateLimit};
+
+fn limit(per_second: u32) -> RateLimit {
+    RateLimit::new(per_second).expect("a valid rate limit")
+}
+
+/// A rate limit comes back as created (the highest one too), a patch that does not name it keeps
+/// it, `Some(Some(_))` replaces it, `Some(None)` clears it, and the listing agrees.
+pub async fn destination_rate_limits_are_kept_replaced_and_cleared(store: &dyn EntityStore) {
+    let tenant = make_tenant(store, "entity-rate-limit").await;
+    let original = Destination {
+        rate_limit: Some(limit(25)),
+        ..destination(&tenant)
+    };
+    store
+        .create_destination(&original)
+        .await
+        .expect("create_destination failed");
+    let read = get(store, &tenant, &original.id).await.expect("created");
+    assert_eq!(read, original, "the destination as created, with its limit");
+
+    let url = DestinationPatch {
+        url: Some("https://example.org/limited".to_owned()),
+        ..Default::default()
+    };
+    let after_url = store
+        .update_destination(&tenant, &original.id, &url)
+        .await
+        .expect("patch url");
+    let expected = Destination {
+        url: "https://example.org/limited".to_owned(),
+        ..original.clone()
+    };
+    check_mutation(
+        store,
+        &after_url,
+        &expected,
+        "a patch that does not name the rate limit",
+    )
+    .await;
+
+    let replace = DestinationPatch {
+        rate_limit: Some(Some(limit(RateLimit::MAX))),
+        ..Default::default()
+    };
+    let replaced = store
+        .update_destination(&tenant, &original.id, &replace)
+        .await
+        .expect("patch rate limit");
+    let expected = Destination {
+        rate_limit: Some(limit(RateLimit::MAX)),
+        ..after_url.clone()
+    };
+    check_mutation(store, &replaced, &expected, "replacing the rate limit").await;
+
+    let clear = DestinationPatch {
+        rate_limit: Some(None),
+        ..Default::default()
+    };
+    let cleared = store
+        .update_destination(&tenant, &original.id, &clear)
+        .await
+        .expect("clear rate limit");
+    let expected = Destination {
+        rate_limit: None,
+        ..replaced.clone()
+    };
+    check_mutation(store, &cleared, &expected, "clearing the rate limit").await;
+
+    // A second destination, created without a limit, stays without one beside the first.
+    let unlimited = destination(&tenant);
+    store
+        .create_destination(&unlimited)
+        .await
+        .expect("create_destination failed");
+    let listed = store
+        .list_destinations(&tenant)
+        .await
+        .expect("list_destinations failed");
+    // Listed by id, as the trait says.
+    let mut expected = vec![cleared, unlimited];
+    expected.sort_by_key(|d| d.id);
+    assert_eq!(listed, expected, "the listing agrees");
+    store
+        .delete_tenant(&tenant)
+        .await
+        .expect("delete_tenant failed");
+}
