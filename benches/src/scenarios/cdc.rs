@@ -18,9 +18,10 @@
 //! 100 ms), which leaves out start-up and the tenant being created after the process is up.
 //!
 //! The memory check reads a third slot holding large rows (~8 KB, so the 4 MiB byte cap closes
-//! batches before the row cap) with a consumer that takes one message and then stalls: the rows
-//! the reader has handed over unacknowledged, times their WAL size, is what it buffers, against
-//! channel depth × byte cap.
+//! batches before the row cap) with a consumer that takes one message, acknowledges it and then
+//! stalls: the WAL bytes of the rows the reader has handed over unacknowledged
+//! (`CdcStream::wal_bytes_in_flight`) are what it buffers, against `StreamOptions::buffer_bound`
+//! in the same unit: (channel depth + 1) × (byte cap + one row) with `batch_transactions`.
 
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,8 @@ use crate::report::{self, PeakRss, Report, Table};
 
 const QUESTION: &str = "How many rows and megabytes per second go from Postgres inserts to events \
     ready to publish through Sheaf's CDC reader, one row per message against whole transactions \
-    per message, and does the reader's buffer stay within channel depth × byte cap?";
+    per message, and does the reader's buffer stay within (channel depth + 1) × (byte cap + one \
+    row) of WAL?";
 
 /// Large rows per transaction: 2,000 rows of ~8 KB are ~16 MB of WAL, so the reader closes
 /// batches at the 4 MiB byte cap (~520 rows), well before the commit or the row cap.
@@ -69,7 +71,11 @@ struct Throughput {
 #[derive(Debug, Clone, Serialize)]
 struct Buffering {
     peak_rows_unacked: usize,
+    bound_rows: usize,
+    bound_batches: usize,
     wal_bytes_per_row: f64,
+    largest_row_wal_bytes: usize,
+    /// WAL bytes of the rows handed over and unacknowledged, as the tracker sums them.
     peak_buffered_bytes: f64,
     bound_bytes: f64,
     rss_growth_mib: f64,
@@ -234,6 +240,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         objects.publications[1].as_str(),
     );
     config.stream = StreamOptions {
+        // One message per reader batch, so the consumer's acknowledged first message leaves
+        // nothing on the stream's side: the bound is (channel depth + 1) batches.
         batch_transactions: true,
         // Large enough that the byte cap, not the in-flight row limit, bounds the buffer.
         checkpoint_limit: 100_000,
@@ -359,6 +367,7 @@ async fn read_all(config: CdcConfig, shape: &'static str, rows: u64) -> anyhow::
 
 /// Takes one message, acknowledges it, stalls while sampling what the reader holds, then drains.
 async fn stalled(config: CdcConfig, sizes: &Sizes) -> anyhow::Result<Buffering> {
+    let bound = config.stream.buffer_bound();
     let rss_before = crate::proc::rss_kib(None).unwrap_or(0);
     let mut stream = CdcSource::start(config).await?;
     let first = tokio::time::timeout(Duration::from_secs(60), stream.recv())
@@ -367,11 +376,18 @@ async fn stalled(config: CdcConfig, sizes: &Sizes) -> anyhow::Result<Buffering> 
         .context("the stream ended before its first message")?;
     let mut rows = first.changes().len() as u64;
     let mut wal: u64 = first.changes().iter().map(|c| c.wal_bytes as u64).sum();
+    let mut largest = first
+        .changes()
+        .iter()
+        .map(|c| c.wal_bytes)
+        .max()
+        .unwrap_or(0);
     first.ack();
-    let (mut peak_rows, mut peak_rss) = (0usize, rss_before);
+    let (mut peak_rows, mut peak_bytes, mut peak_rss) = (0usize, 0usize, rss_before);
     let until = Instant::now() + sizes.stall;
     while Instant::now() < until {
         peak_rows = peak_rows.max(stream.rows_in_flight());
+        peak_bytes = peak_bytes.max(stream.wal_bytes_in_flight());
         peak_rss = peak_rss.max(crate::proc::rss_kib(None).unwrap_or(0));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -384,11 +400,10 @@ async fn stalled(config: CdcConfig, sizes: &Sizes) -> anyhow::Result<Buffering> 
             break;
         };
         rows += message.changes().len() as u64;
-        wal += message
-            .changes()
-            .iter()
-            .map(|c| c.wal_bytes as u64)
-            .sum::<u64>();
+        for change in message.changes() {
+            wal += change.wal_bytes as u64;
+            largest = largest.max(change.wal_bytes);
+        }
         message.ack();
     }
     stream.shutdown().await?;
@@ -397,13 +412,15 @@ async fn stalled(config: CdcConfig, sizes: &Sizes) -> anyhow::Result<Buffering> 
         "{rows} of {} large rows read",
         sizes.big_rows
     );
-    let per_row = wal as f64 / rows.max(1) as f64;
     Ok(Buffering {
         peak_rows_unacked: peak_rows,
-        wal_bytes_per_row: per_row,
-        peak_buffered_bytes: peak_rows as f64 * per_row,
-        bound_bytes: (sheaf_cdc::reader::CHANNEL_DEPTH * sheaf_cdc::reader::MAX_BATCH_WAL_BYTES)
-            as f64,
+        bound_rows: bound.rows,
+        bound_batches: bound.batches,
+        wal_bytes_per_row: wal as f64 / rows.max(1) as f64,
+        largest_row_wal_bytes: largest,
+        peak_buffered_bytes: peak_bytes as f64,
+        // The reader's own bound for these options, in WAL bytes for the largest row read.
+        bound_bytes: bound.wal_bytes(largest) as f64,
         rss_growth_mib: peak_rss.saturating_sub(rss_before) as f64 / 1024.0,
     })
 }
@@ -503,15 +520,21 @@ fn build_report(
         ),
         &[
             "rows handed over, unacknowledged (peak)",
-            "WAL bytes per row",
+            "bound: rows",
+            "WAL bytes per row (mean, largest)",
             "buffered WAL (peak)",
-            "bound: depth × byte cap",
+            "bound: (depth + 1) × (byte cap + one row)",
             "process RSS growth",
         ],
     );
     buffer.row(vec![
         report::count(buffering.peak_rows_unacked as f64),
-        report::count(buffering.wal_bytes_per_row),
+        report::count(buffering.bound_rows as f64),
+        format!(
+            "{}, {}",
+            report::count(buffering.wal_bytes_per_row),
+            report::count(buffering.largest_row_wal_bytes as f64)
+        ),
         report::bytes(buffering.peak_buffered_bytes),
         report::bytes(buffering.bound_bytes),
         format!("{:.1} MiB", buffering.rss_growth_mib),
@@ -519,9 +542,14 @@ fn build_report(
     report.tables.push(buffer);
     report.target(
         "CDC reader's buffered data with a stalled consumer",
-        "never above channel depth × byte cap (4 × 4 MiB)",
+        &format!(
+            "never above (channel depth + 1) × (byte cap + one row) of WAL: {} × ({} MiB + {} B)",
+            buffering.bound_batches,
+            sheaf_cdc::reader::MAX_BATCH_WAL_BYTES / (1024 * 1024),
+            report::count(buffering.largest_row_wal_bytes as f64)
+        ),
         format!(
-            "{} buffered at peak against {}",
+            "{} of WAL buffered at peak against {}",
             report::bytes(buffering.peak_buffered_bytes),
             report::bytes(buffering.bound_bytes)
         ),
@@ -538,8 +566,12 @@ fn build_report(
     );
     report.note(
         "WAL MB/s counts pgoutput message bytes as the reader receives them (Change::wal_bytes); \
-         the buffered figure is the reader's unacknowledged rows × their mean WAL size, sampled \
-         every 20 ms while the consumer did not read.",
+         the buffered figure is the WAL bytes of the rows the reader handed over and the consumer \
+         has not acknowledged (CdcStream::wal_bytes_in_flight), sampled every 20 ms while the \
+         consumer did not read, and its bound is StreamOptions::buffer_bound for the run's \
+         options, in the same unit, with the largest row read. Process RSS growth also counts \
+         the transport's queue of undecoded messages and the decoded rows' size, which the \
+         bound does not.",
     );
     report.figure = Some(
         Figure::new("cdc: Postgres inserts to events").panel(Panel::Bars {

@@ -1,7 +1,9 @@
 //! Acknowledgement tracking: which WAL position the slot may be advanced to.
 //!
 //! Every row the reader hands to the consumer is tracked, in hand-off order, with its
-//! stamped position ([`crate::Change::ack_lsn`]). Acknowledgements may arrive in any
+//! stamped position ([`crate::Change::ack_lsn`]) and its WAL size (what
+//! [`crate::CdcStream::wal_bytes_in_flight`] reports against
+//! [`crate::StreamOptions::buffer_bound`]). Acknowledgements may arrive in any
 //! order (a consumer may publish rows concurrently), but the confirmed position only
 //! moves over the longest fully acknowledged prefix, so the slot never passes a row
 //! that is still being handled: acknowledgements advance the slot only in order.
@@ -13,8 +15,9 @@
 //!
 //! At most `checkpoint_limit` rows are handed off and not yet confirmed; the reader
 //! waits for room before handing off more, except that a batch is always admitted when
-//! nothing is pending (so in-flight rows exceed the limit by at most one batch, a known
-//! overshoot of this admission rule; Sheaf's row cap of half the limit keeps it within it).
+//! nothing is pending. Alone, that rule would let one batch larger than the limit pass it;
+//! the reader's row cap (half the limit, at least 1) is never larger than the limit, so
+//! in-flight rows never exceed it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -30,6 +33,8 @@ struct Entry {
     acked: bool,
     /// A row handed to the consumer (counts against the limit), or a row-less checkpoint.
     row: bool,
+    /// The row's WAL size ([`crate::Change::wal_bytes`]); 0 for a checkpoint.
+    wal_bytes: usize,
 }
 
 #[derive(Debug)]
@@ -39,6 +44,8 @@ struct State {
     entries: VecDeque<Entry>,
     /// Rows in `entries` (handed off, not yet confirmed).
     rows_pending: usize,
+    /// Their WAL bytes, summed.
+    wal_bytes_pending: usize,
     confirmed: Lsn,
     /// The consumer is gone: nobody will acknowledge, waiting for room is pointless.
     closed: bool,
@@ -67,6 +74,7 @@ impl AckTracker {
                 base: 0,
                 entries: VecDeque::new(),
                 rows_pending: 0,
+                wal_bytes_pending: 0,
                 confirmed: Lsn::ZERO,
                 closed: false,
             }),
@@ -102,18 +110,20 @@ impl AckTracker {
         }
     }
 
-    /// Tracks rows handed to the consumer, each with its stamped position; returns the
-    /// sequence number of the first.
-    pub(crate) fn track(&self, stamps: impl Iterator<Item = Lsn>) -> u64 {
+    /// Tracks rows handed to the consumer, each with its stamped position and WAL size;
+    /// returns the sequence number of the first.
+    pub(crate) fn track(&self, rows: impl Iterator<Item = (Lsn, usize)>) -> u64 {
         let mut state = self.lock();
         let first = state.base + state.entries.len() as u64;
-        for lsn in stamps {
+        for (lsn, wal_bytes) in rows {
             state.entries.push_back(Entry {
                 lsn,
                 acked: false,
                 row: true,
+                wal_bytes,
             });
             state.rows_pending += 1;
+            state.wal_bytes_pending += wal_bytes;
         }
         first
     }
@@ -132,6 +142,7 @@ impl AckTracker {
                 lsn,
                 acked: true,
                 row: false,
+                wal_bytes: 0,
             }),
         }
         self.resolve(&mut state);
@@ -161,6 +172,7 @@ impl AckTracker {
             state.base += 1;
             if front.row {
                 state.rows_pending -= 1;
+                state.wal_bytes_pending -= front.wal_bytes;
                 freed = true;
             }
             state.confirmed = state.confirmed.max(front.lsn);
@@ -191,6 +203,11 @@ impl AckTracker {
     /// Rows handed off and not yet confirmed.
     pub(crate) fn rows_pending(&self) -> usize {
         self.lock().rows_pending
+    }
+
+    /// WAL bytes of the rows handed off and not yet confirmed.
+    pub(crate) fn wal_bytes_pending(&self) -> usize {
+        self.lock().wal_bytes_pending
     }
 
     /// The consumer is gone; wake a reader waiting for room.
@@ -257,7 +274,7 @@ mod tests {
     #[test]
     fn out_of_order_acks_confirm_only_the_acknowledged_prefix() {
         let tracker = AckTracker::new(100);
-        let first = tracker.track([Lsn(10), Lsn(20), Lsn(30)].into_iter());
+        let first = tracker.track([(Lsn(10), 1), (Lsn(20), 1), (Lsn(30), 1)].into_iter());
         assert_eq!(first, 0);
         token(&tracker, 1, 1, 20).ack();
         token(&tracker, 2, 1, 30).ack();
@@ -270,7 +287,7 @@ mod tests {
     #[test]
     fn rowless_checkpoints_wait_behind_rows_and_coalesce() {
         let tracker = AckTracker::new(100);
-        tracker.track([Lsn(10)].into_iter());
+        tracker.track([(Lsn(10), 1)].into_iter());
         tracker.checkpoint(Lsn(50));
         tracker.checkpoint(Lsn(60));
         tracker.checkpoint(Lsn::ZERO);
@@ -290,7 +307,7 @@ mod tests {
         let tracker = AckTracker::new(100);
         tracker.checkpoint(Lsn(100));
         // A row of an interleaved transaction can have an LSN below an earlier commit.
-        tracker.track([Lsn(40)].into_iter());
+        tracker.track([(Lsn(40), 1)].into_iter());
         token(&tracker, 1, 1, 40).ack();
         assert_eq!(tracker.confirmed(), Lsn(100));
     }
@@ -302,9 +319,9 @@ mod tests {
             tracker.reserve(10).await,
             "nothing pending: any batch is admitted"
         );
-        tracker.track((0..3).map(Lsn));
+        tracker.track((0..3).map(|n| (Lsn(n), 1)));
         assert!(tracker.reserve(1).await);
-        tracker.track([Lsn(3)].into_iter());
+        tracker.track([(Lsn(3), 1)].into_iter());
         let waiter = {
             let tracker = Arc::clone(&tracker);
             tokio::spawn(async move { tracker.reserve(2).await })
@@ -314,7 +331,7 @@ mod tests {
         token(&tracker, 0, 2, 1).ack();
         assert!(waiter.await.unwrap());
         tracker.close();
-        tracker.track((0..10).map(Lsn));
+        tracker.track((0..10).map(|n| (Lsn(n), 1)));
         assert!(
             !tracker.reserve(1).await,
             "closed: the reader stops waiting"

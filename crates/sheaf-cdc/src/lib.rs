@@ -46,6 +46,10 @@
 //!   [`CdcMessage::into_parts`]). Acknowledgements may come in any order; the slot
 //!   advances over the acknowledged prefix only, to each message's stamped position
 //!   ([`Change::ack_lsn`]). At most `checkpoint_limit` rows are unacknowledged at once.
+//! - **Buffering**: a consumer that stops receiving leaves at most
+//!   [`StreamOptions::buffer_bound`] handed over and unacknowledged: channel depth + 1
+//!   reader batches with `batch_transactions` (one more otherwise), each below 4 MiB of
+//!   WAL plus one row.
 //! - **Restart**: the stream starts at 0/0, which resumes from the slot's
 //!   `confirmed_flush_lsn`: at-least-once, never lost, nothing re-sent from before the
 //!   last reported acknowledgement. Transactions are re-sent whole, so a transaction
@@ -100,7 +104,7 @@ pub use config::{CdcConfig, ConnectionConfig, ConnectionSecurity, PublicationTab
 pub use error::{Error, Result};
 pub use lsn::Lsn;
 pub use reader::{
-    BatchingPolicy, CdcMessage, CdcStream, RowFilter, StreamOptions, StreamReader,
+    BatchingPolicy, BufferBound, CdcMessage, CdcStream, RowFilter, StreamOptions, StreamReader,
     TransactionBatcher, WalEvent, stream_pair,
 };
 #[cfg(feature = "postgres")]

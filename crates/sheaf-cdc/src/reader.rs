@@ -32,7 +32,8 @@ use crate::{Error, Lsn, Result};
 /// Depth of the reader → consumer channel, in reader batches. A buffered channel of
 /// depth 4 lets decoding overlap downstream work, where one row per unbuffered send keeps
 /// reader and consumer in lockstep (~81–85 MB/s whatever the cores in the per-transaction
-/// batching experiment: docs/benchmarks.md, "cdc", earlier measurements).
+/// batching experiment: docs/benchmarks.md, "cdc", earlier measurements). What it lets a
+/// stalled consumer leave buffered is [`StreamOptions::buffer_bound`].
 pub const CHANNEL_DEPTH: usize = 4;
 
 /// Upper bound of the row cap, whatever `checkpoint_limit` is: the cap is
@@ -40,10 +41,12 @@ pub const CHANNEL_DEPTH: usize = 4;
 /// 1,000 rows.
 pub const MAX_BATCH_ROWS: usize = 1000;
 
-/// A reader batch is flushed before it grows past this many bytes of WAL (pgoutput
-/// message bytes, not decoded size): 4 MiB. With the channel's depth it bounds the WAL a
-/// stalled consumer leaves buffered, to (depth + 1) × 4 MiB, counting the batch the reader
-/// is blocked handing over (docs/benchmarks.md, "cdc").
+/// The byte cap of a reader batch, in bytes of WAL (pgoutput message bytes,
+/// [`Change::wal_bytes`], not decoded size): 4 MiB. A batch is closed before a change is
+/// appended once it holds this many bytes or more, so only its last change can take it
+/// past the cap, and a batch is always below the cap plus that one change. With the
+/// channel's depth it bounds the WAL a stalled consumer leaves buffered: see
+/// [`StreamOptions::buffer_bound`] (docs/benchmarks.md, "cdc").
 pub const MAX_BATCH_WAL_BYTES: usize = 4 * 1024 * 1024;
 
 /// Default `checkpoint_limit`: 1024 rows in flight, which makes the default row cap
@@ -70,9 +73,9 @@ pub struct BatchingPolicy {
 pub struct StreamOptions {
     /// Most rows handed to the consumer and not yet confirmed (acknowledged in order).
     /// The reader waits for room beyond it; its reader batches hold at most
-    /// `min(1000, checkpoint_limit / 2)` rows so two fit in flight. A batch is
-    /// always admitted when nothing is pending, so in-flight rows can pass the limit by
-    /// at most one batch. Default [`DEFAULT_CHECKPOINT_LIMIT`].
+    /// `min(1000, checkpoint_limit / 2)` rows (at least 1) so two fit in flight. A batch is
+    /// always admitted when nothing is pending, but no batch is larger than the limit, so
+    /// in-flight rows never pass it. Default [`DEFAULT_CHECKPOINT_LIMIT`].
     pub checkpoint_limit: usize,
     /// Deliver each transaction as one message (default `false`: one message per row).
     ///
@@ -149,6 +152,65 @@ impl StreamOptions {
     pub fn row_cap(&self) -> usize {
         (self.checkpoint_limit / 2).clamp(1, MAX_BATCH_ROWS)
     }
+
+    /// The most a stalled consumer can leave buffered with these options: rows handed over
+    /// and not yet acknowledged ([`CdcStream::rows_in_flight`],
+    /// [`CdcStream::wal_bytes_in_flight`]) once it has acknowledged everything it received
+    /// and stopped calling [`CdcStream::recv`].
+    ///
+    /// That is at most [`CHANNEL_DEPTH`] + 1 reader batches: `CHANNEL_DEPTH` queued in the
+    /// channel and the one the reader has tracked and is blocked handing over. Without
+    /// `batch_transactions` add one: [`CdcStream`] returns a batch row by row (or
+    /// re-batches it), and keeps the rest of the last one it took. Each batch holds at most
+    /// [`StreamOptions::row_cap`] rows and less than [`MAX_BATCH_WAL_BYTES`] plus one change
+    /// of WAL, and all of them together at most `checkpoint_limit` rows;
+    /// [`BufferBound::wal_bytes`] turns this into bytes. For example, `batch_transactions`
+    /// with a `checkpoint_limit` of 100,000 and rows of 8 KB of WAL: 5 × (4 MiB + 8 KB).
+    ///
+    /// Not counted, because nothing is handed over yet or it is the consumer's: messages
+    /// the consumer holds unacknowledged; the reader's open batch (while the reader is
+    /// blocked, just the change that closed the batch it is handing over, so everything
+    /// decoded and not yet received stays within the bound plus one WAL message); the
+    /// transport's queue of undecoded messages below the reader (`pgwire-replication`'s
+    /// `buffer_events`, 8,192 messages by default); and the decoded rows' memory, larger
+    /// than their WAL bytes.
+    pub fn buffer_bound(&self) -> BufferBound {
+        let batches = if self.batch_transactions {
+            CHANNEL_DEPTH + 1
+        } else {
+            CHANNEL_DEPTH + 2
+        };
+        BufferBound {
+            batches,
+            rows: batches
+                .saturating_mul(self.row_cap())
+                .min(self.checkpoint_limit),
+        }
+    }
+}
+
+/// What a stalled consumer can leave buffered between the reader and itself; see
+/// [`StreamOptions::buffer_bound`], which derives it from the options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferBound {
+    /// Reader batches handed over and not yet received, including the rest of a batch
+    /// the stream is returning row by row.
+    pub batches: usize,
+    /// Rows: `batches` × the row cap, and never more than `checkpoint_limit`.
+    pub rows: usize,
+}
+
+impl BufferBound {
+    /// The bound in bytes of WAL (pgoutput message bytes, [`Change::wal_bytes`], not
+    /// decoded size), given the largest change's: each batch is below
+    /// [`MAX_BATCH_WAL_BYTES`] plus one change, and `rows` changes are at most `rows` times
+    /// the largest.
+    pub fn wal_bytes(&self, largest_change_wal_bytes: usize) -> usize {
+        let per_batch = MAX_BATCH_WAL_BYTES - 1 + largest_change_wal_bytes;
+        self.batches
+            .saturating_mul(per_batch)
+            .min(self.rows.saturating_mul(largest_change_wal_bytes))
+    }
 }
 
 /// One event from the replication transport.
@@ -181,8 +243,9 @@ pub enum WalEvent {
     },
 }
 
-/// Groups decoded rows per transaction. Flushes at the commit, or before a row that
-/// would go past the row cap or the byte cap: caps are checked before a row is
+/// Groups decoded rows per transaction. Flushes at the commit, or before a row once the
+/// batch holds the row cap or has met or passed the byte cap (so a batch ends less than
+/// one row past the byte cap): caps are checked before a row is
 /// appended, so a transaction landing exactly on the cap still closes with its commit
 /// (checking after the append flushed such a transaction before its commit was seen and
 /// stamped it with its last row; had another transaction been acknowledged before it, the
@@ -217,7 +280,9 @@ impl TransactionBatcher {
         }
     }
 
-    /// Appends a row; returns the batch flushed before it when a cap was reached.
+    /// Appends a row; returns the batch flushed before it when a cap was reached: the row
+    /// cap, or the byte cap met or passed by the rows already in the batch. A batch
+    /// therefore ends less than one row past the byte cap.
     pub fn push(&mut self, change: Change) -> Option<Flush> {
         let flushed = if self.rows.len() >= self.row_cap || self.bytes >= self.byte_cap {
             Some(self.take(None))
@@ -404,7 +469,9 @@ impl StreamReader {
         }
         // Tracked before the send: "emitted" means handed to the consumer, and the order
         // of the tracker is the order of the channel.
-        let first_seq = self.tracker.track(changes.iter().map(|c| c.ack_lsn));
+        let first_seq = self
+            .tracker
+            .track(changes.iter().map(|c| (c.ack_lsn, c.wal_bytes)));
         self.tx
             .send(Ok(ReaderBatch { first_seq, changes }))
             .await
@@ -598,6 +665,13 @@ impl CdcStream {
     /// Rows handed to this consumer and not yet confirmed.
     pub fn rows_in_flight(&self) -> usize {
         self.tracker.rows_pending()
+    }
+
+    /// WAL bytes ([`Change::wal_bytes`]) of the rows handed to this consumer and not yet
+    /// confirmed. Once the consumer has acknowledged everything it received and stopped
+    /// receiving, at most [`StreamOptions::buffer_bound`]'s [`BufferBound::wal_bytes`].
+    pub fn wal_bytes_in_flight(&self) -> usize {
+        self.tracker.wal_bytes_pending()
     }
 
     /// Stops the source (if any) gracefully: the confirmed position is reported to the

@@ -1,16 +1,20 @@
 //! The reader core on synthetic streams: batching, stamps, in-order acknowledgement,
-//! the in-flight limit, row-less checkpoints and the output shapes. No server needed.
+//! the in-flight limit, row-less checkpoints, the output shapes and what a stalled
+//! consumer leaves buffered. No server needed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use sheaf_cdc::encode;
+use sheaf_cdc::pgoutput::TupleValue;
+use sheaf_cdc::reader::{CHANNEL_DEPTH, MAX_BATCH_WAL_BYTES};
 use sheaf_cdc::{
     BatchingPolicy, CdcMessage, CdcStream, Change, Lsn, RowFilter, StreamOptions, StreamReader,
     WalEvent, stream_pair,
 };
 use tokio::task::JoinHandle;
 
-use crate::support::{items_relation, transaction};
+use crate::support::{ITEMS, items_relation, transaction};
 
 /// Spawns a task that feeds `events` (after the relation) and hands the reader back.
 fn feed(
@@ -380,4 +384,189 @@ async fn an_error_reaches_the_consumer_after_the_rows_before_it() {
         Err(sheaf_cdc::Error::Protocol(_))
     ));
     assert!(stream.recv().await.unwrap().is_none());
+}
+
+/// Feeds one transaction that never commits, its inserts' payloads cycling through
+/// `payload_lens`, until the reader stops (the consumer is gone). No commit closes a batch
+/// early, so every batch is closed by a cap.
+fn feed_without_end(
+    mut reader: StreamReader,
+    payload_lens: &'static [usize],
+) -> JoinHandle<sheaf_cdc::Result<()>> {
+    tokio::spawn(async move {
+        reader
+            .handle(WalEvent::Data {
+                lsn: Lsn::ZERO,
+                data: items_relation().into(),
+            })
+            .await?;
+        reader
+            .handle(WalEvent::Data {
+                lsn: Lsn(1000),
+                data: encode::begin(Lsn(u64::MAX / 2), 0, 1).into(),
+            })
+            .await?;
+        for (i, len) in payload_lens.iter().cycle().enumerate() {
+            let id = i.to_string();
+            let payload = "p".repeat(*len);
+            let data = encode::insert(
+                ITEMS,
+                &[
+                    TupleValue::Text(id.as_bytes()),
+                    TupleValue::Text(payload.as_bytes()),
+                ],
+            );
+            reader
+                .handle(WalEvent::Data {
+                    lsn: Lsn(1001 + i as u64 * 100),
+                    data: data.into(),
+                })
+                .await?;
+        }
+        Ok(())
+    })
+}
+
+/// What a stalled consumer left buffered.
+#[derive(Debug)]
+struct Stalled {
+    rows: usize,
+    wal_bytes: usize,
+    largest_change: usize,
+}
+
+/// A consumer that takes one message, acknowledges it and stops receiving, while the reader
+/// runs until it blocks. Then it checks what is in flight (the rows that `recv` returns
+/// next, in order) and drops the stream, which stops the reader.
+async fn stall(options: &StreamOptions, payload_lens: &'static [usize]) -> Stalled {
+    let (reader, mut stream) = stream_pair(options).unwrap();
+    let feeder = feed_without_end(reader, payload_lens);
+    next(&mut stream).await.ack();
+    // On paused time the clock only moves once every task is idle: the reader has gone as
+    // far as the stalled consumer lets it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!feeder.is_finished(), "the reader is blocked, not stopped");
+    let (rows, wal_bytes) = (stream.rows_in_flight(), stream.wal_bytes_in_flight());
+    let (mut seen, mut seen_bytes, mut largest_change) = (0, 0, 0);
+    while seen < rows {
+        let message = next(&mut stream).await;
+        let changes = &message.changes()[..message.changes().len().min(rows - seen)];
+        seen += changes.len();
+        seen_bytes += changes.iter().map(|c| c.wal_bytes).sum::<usize>();
+        largest_change = changes
+            .iter()
+            .map(|c| c.wal_bytes)
+            .fold(largest_change, usize::max);
+        if options.batch_transactions {
+            // One message is one reader batch: only its last change passes the byte cap.
+            let (_, before) = message.changes().split_last().unwrap();
+            let before = before.iter().map(|c| c.wal_bytes).sum::<usize>();
+            assert!(
+                before < MAX_BATCH_WAL_BYTES,
+                "{before} B before the last change"
+            );
+            assert!(message.changes().len() <= options.row_cap());
+        }
+        message.ack();
+    }
+    assert_eq!(
+        seen_bytes, wal_bytes,
+        "wal_bytes_in_flight counts the rows in flight"
+    );
+    drop(stream);
+    assert!(matches!(
+        feeder.await.unwrap(),
+        Err(sheaf_cdc::Error::Closed)
+    ));
+    Stalled {
+        rows,
+        wal_bytes,
+        largest_change,
+    }
+}
+
+/// Row payloads of 20–200 KiB: the 4 MiB byte cap closes batches, each past it by a
+/// different part of a row.
+const LARGE_ROWS: &[usize] = &[150_000, 30_000, 90_000, 210_000, 60_000, 20_000, 120_000];
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_consumer_leaves_at_most_the_buffer_bound_in_wal_bytes() {
+    for options in [
+        StreamOptions {
+            batch_transactions: true,
+            ..StreamOptions::default()
+        },
+        StreamOptions::default(),
+        StreamOptions {
+            batching: Some(BatchingPolicy {
+                count: 7,
+                max_wait: Duration::from_millis(10),
+            }),
+            ..StreamOptions::default()
+        },
+    ] {
+        let bound = options.buffer_bound();
+        let expected = if options.batch_transactions {
+            CHANNEL_DEPTH + 1
+        } else {
+            CHANNEL_DEPTH + 2
+        };
+        assert_eq!(bound.batches, expected, "{options:?}");
+        let stalled = stall(&options, LARGE_ROWS).await;
+        let bytes = bound.wal_bytes(stalled.largest_change);
+        assert!(
+            stalled.wal_bytes <= bytes,
+            "{options:?}: {stalled:?} above the bound of {bytes} B"
+        );
+        assert!(stalled.rows <= bound.rows, "{options:?}: {stalled:?}");
+        // Batches close at the byte cap, so the reader filled every batch the bound counts:
+        // one more would be over it.
+        assert!(
+            stalled.wal_bytes + MAX_BATCH_WAL_BYTES > bytes,
+            "{options:?}: {stalled:?} is not the most the reader holds (bound {bytes} B)"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_consumer_leaves_at_most_the_buffer_bound_in_rows() {
+    // Small rows: the row cap closes batches (1,000 rows with a limit of 100,000), or the
+    // in-flight limit holds the reader back first (1,024 rows by default, batches of 512).
+    let large_limit = StreamOptions {
+        checkpoint_limit: 100_000,
+        ..StreamOptions::default()
+    };
+    for (options, exact) in [
+        (
+            StreamOptions {
+                batch_transactions: true,
+                ..large_limit.clone()
+            },
+            // Every batch the bound counts, to the row.
+            (CHANNEL_DEPTH + 1) * 1000,
+        ),
+        // The rest of the first batch, less the row returned, and the depth + 1 behind it.
+        (large_limit.clone(), (CHANNEL_DEPTH + 2) * 1000 - 1),
+        (
+            StreamOptions {
+                batching: Some(BatchingPolicy {
+                    count: 300,
+                    max_wait: Duration::from_millis(10),
+                }),
+                ..large_limit
+            },
+            (CHANNEL_DEPTH + 2) * 1000 - 300,
+        ),
+        // 511 left of the first batch, and one more batch of 512 fits under the limit.
+        (StreamOptions::default(), 511 + 512),
+    ] {
+        let bound = options.buffer_bound();
+        let stalled = stall(&options, &[10]).await;
+        assert!(
+            stalled.rows <= bound.rows,
+            "{options:?}: {stalled:?} vs {bound:?}"
+        );
+        assert_eq!(stalled.rows, exact, "{options:?}: {bound:?}");
+        assert!(stalled.wal_bytes <= bound.wal_bytes(stalled.largest_change));
+    }
 }
