@@ -3,9 +3,10 @@
 //! `webhook-id`, headers and body, when it arrived, when it was answered, and the status it
 //! got).
 //!
-//! What it answers is scripted by the caller: 200 by default; 503 while [`Failing`] says so
-//! (always, until an instant, for a window after its first request, or switched at run time
-//! with [`Receiver::set_failing`] and [`Receiver::fail_until`]); each answer after a fixed
+//! What it answers is scripted by the caller: 200 by default; 503 (or 429 with `Retry-After`)
+//! while [`Failing`] says so (always, until an instant, for a window after its first request,
+//! or switched at run time with [`Receiver::set_failing`] and [`Receiver::fail_until`]); each
+//! answer after a fixed
 //! delay, so deliveries stay in flight; or a redirect, to prove one is not followed. The
 //! figures the callers read (ids answered 200, duplicates, first successes, pauses) are kept up
 //! to date as requests are answered, so a benchmark polling them at thousands of deliveries a
@@ -147,6 +148,8 @@ struct Record {
 struct Shared {
     delay: Duration,
     redirect_to: Option<HeaderValue>,
+    /// While failing: 429 with this `Retry-After` instead of 503.
+    retry_after: Option<u64>,
     /// Requests arrived and not answered yet.
     open: AtomicUsize,
     state: Mutex<Record>,
@@ -165,6 +168,7 @@ pub struct Builder {
     delay: Duration,
     failing: Failing,
     redirect_to: Option<String>,
+    retry_after: Option<u64>,
 }
 
 impl Builder {
@@ -177,6 +181,12 @@ impl Builder {
     /// Answers 503 as `failing` says, 200 otherwise.
     pub fn failing(mut self, failing: Failing) -> Self {
         self.failing = failing;
+        self
+    }
+
+    /// While failing, answers `429 Too Many Requests` with `Retry-After: seconds` instead of 503.
+    pub fn busy_with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 
@@ -198,6 +208,7 @@ impl Builder {
         let shared = Arc::new(Shared {
             delay: self.delay,
             redirect_to,
+            retry_after: self.retry_after,
             open: AtomicUsize::new(0),
             state: Mutex::new(Record {
                 failing: self.failing,
@@ -251,6 +262,7 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         Failing::ForAfterFirst(window) => now.duration_since(first) < window,
     };
     let status = match (&shared.redirect_to, failing) {
+        (_, true) if shared.retry_after.is_some() => StatusCode::TOO_MANY_REQUESTS,
         (_, true) => StatusCode::SERVICE_UNAVAILABLE,
         (Some(_), false) => StatusCode::TEMPORARY_REDIRECT,
         (None, false) => StatusCode::OK,
@@ -271,6 +283,10 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
     match (&shared.redirect_to, status) {
         (Some(location), StatusCode::TEMPORARY_REDIRECT) => {
             (status, [(header::LOCATION, location.clone())]).into_response()
+        }
+        (_, StatusCode::TOO_MANY_REQUESTS) => {
+            let seconds = shared.retry_after.unwrap_or(1).to_string();
+            (status, [(header::RETRY_AFTER, seconds)]).into_response()
         }
         _ => status.into_response(),
     }

@@ -1,13 +1,14 @@
 //! Per-destination rate limits: a destination limited to 50 deliveries a second receives 1,000
 //! events at no more than that, measured over every 5-second window at the receiver, with one
-//! process on the memory backends and with two processes sharing the Postgres queue.
+//! process on the memory backends and with two processes sharing the Postgres queue; and a
+//! `Retry-After` holds back every delivery to its destination.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use serde_json::{Value, json};
-use sheaf_testenv::receiver::Receiver;
+use sheaf_testenv::receiver::{Failing, Receiver};
 
 use super::publish;
 use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
@@ -207,5 +208,64 @@ async fn a_rate_limit_out_of_range_is_refused_by_name_and_null_clears_it() {
         .send("PATCH", &path, Some(json!({ "rate_limit": null })))
         .await;
     assert_eq!(cleared.body["rate_limit"], Value::Null, "{cleared:?}");
+    server.shutdown().await;
+}
+
+/// A 429 with `Retry-After` to one delivery holds back every delivery to its destination until
+/// the pause is over, and the held ones are not attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_pauses_every_delivery_to_the_destination() {
+    let receiver = Receiver::builder()
+        .failing(Failing::ForAfterFirst(Duration::from_millis(100)))
+        .busy_with_retry_after(2)
+        .start()
+        .await
+        .expect("the receiver binds");
+    let server = start_server(env_with(&[
+        ("SHEAF_RETRY_MAX_ATTEMPTS", "2"),
+        ("SHEAF_RETRY_JITTER_PERCENT", "0"),
+    ]))
+    .await;
+    let client = Client::new(server.addr);
+    client
+        .tenant_with_destination("paused", &receiver.url())
+        .await;
+    publish(&client, "paused", "first", "order.created", &json!({})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while receiver.deliveries().is_empty() {
+        assert!(Instant::now() < deadline, "the first delivery arrives");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let busy = receiver.deliveries()[0].clone();
+    assert_eq!(busy.status, 429);
+    // Published after the 429: none of these may start before the 2 s are over.
+    let ids: Vec<String> = (0..10).map(|i| format!("after-{i}")).collect();
+    for id in &ids {
+        publish(&client, "paused", id, "order.created", &json!({})).await;
+    }
+    let mut wanted: HashSet<String> = ids.iter().cloned().collect();
+    wanted.insert("first".to_owned());
+    assert!(
+        receiver
+            .delivers_all(&wanted, Duration::from_secs(30))
+            .await
+    );
+    let deliveries = receiver.deliveries();
+    let later = deliveries.iter().skip(1);
+    for d in later {
+        assert!(
+            d.arrived.duration_since(busy.answered) >= Duration::from_millis(1_900),
+            "{} arrived {:?} after the 429",
+            d.id,
+            d.arrived.duration_since(busy.answered)
+        );
+    }
+    assert_eq!(deliveries.len(), 12, "one 429, then one request per event");
+    assert!(
+        client
+            .metric("sheaf_deliveries_total{outcome=\"paced\"}")
+            .await
+            > 0.0
+    );
     server.shutdown().await;
 }
