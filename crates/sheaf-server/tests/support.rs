@@ -140,14 +140,22 @@ impl Client {
 
     /// Every attempt of one event, following `next` cursors.
     pub async fn attempts_of(&self, tenant: &str, event: &str) -> Vec<Value> {
+        self.every_item(&format!(
+            "/api/v1/tenants/{tenant}/attempts?event_id={event}&limit=2"
+        ))
+        .await
+    }
+
+    /// Every item of a listing (`path` with its query, which must have one), following `next`
+    /// cursors for at most 100 pages.
+    pub async fn every_item(&self, path: &str) -> Vec<Value> {
         let mut items = Vec::new();
         let mut next: Option<String> = None;
         for _ in 0..100 {
-            let mut path = format!("/api/v1/tenants/{tenant}/attempts?event_id={event}&limit=2");
-            if let Some(cursor) = &next {
-                path.push_str(&format!("&next={cursor}"));
-            }
-            let page = self.get(&path).await;
+            let page = match &next {
+                Some(cursor) => self.get(&format!("{path}&next={cursor}")).await,
+                None => self.get(path).await,
+            };
             assert_eq!(page.status, 200, "{page:?}");
             items.extend(page.body["items"].as_array().cloned().unwrap_or_default());
             match page.body["next"].as_str() {

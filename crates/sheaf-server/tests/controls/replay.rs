@@ -11,44 +11,20 @@ use sheaf_testenv::receiver::{Failing, Receiver};
 use super::{backends, publish};
 use crate::support::{Client, start_server};
 
-/// Every dead letter of the tenant, following `next` cursors.
+/// Every dead letter of the tenant.
 async fn dead_letters(client: &Client, tenant: &str) -> Vec<Value> {
-    let mut items = Vec::new();
-    let mut next: Option<String> = None;
-    for _ in 0..100 {
-        let mut path = format!("/api/v1/tenants/{tenant}/dead-letters?limit=1000");
-        if let Some(cursor) = &next {
-            path.push_str(&format!("&next={cursor}"));
-        }
-        let page = client.get(&path).await;
-        assert_eq!(page.status, 200, "{page:?}");
-        items.extend(page.body["items"].as_array().cloned().unwrap_or_default());
-        match page.body["next"].as_str() {
-            Some(cursor) => next = Some(cursor.to_owned()),
-            None => break,
-        }
-    }
-    items
+    client
+        .every_item(&format!("/api/v1/tenants/{tenant}/dead-letters?limit=1000"))
+        .await
 }
 
-/// Every successful attempt of the tenant, following `next` cursors.
+/// Every successful attempt of the tenant.
 async fn successful_attempts(client: &Client, tenant: &str) -> Vec<Value> {
-    let mut items = Vec::new();
-    let mut next: Option<String> = None;
-    for _ in 0..100 {
-        let mut path = format!("/api/v1/tenants/{tenant}/attempts?status=success&limit=1000");
-        if let Some(cursor) = &next {
-            path.push_str(&format!("&next={cursor}"));
-        }
-        let page = client.get(&path).await;
-        assert_eq!(page.status, 200, "{page:?}");
-        items.extend(page.body["items"].as_array().cloned().unwrap_or_default());
-        match page.body["next"].as_str() {
-            Some(cursor) => next = Some(cursor.to_owned()),
-            None => break,
-        }
-    }
-    items
+    client
+        .every_item(&format!(
+            "/api/v1/tenants/{tenant}/attempts?status=success&limit=1000"
+        ))
+        .await
 }
 
 /// Starts a replay and waits (at most 60 s) for it to complete; returns its final progress.
