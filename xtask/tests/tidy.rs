@@ -11,7 +11,7 @@
 //!   mechanism in the project's own words, and a measurement is cited from
 //!   `docs/benchmarks.md`, where it is written down with what produced it;
 //! - the folders of `crates/sheaf-server/src/` depend one way, down the ranks of
-//!   [`SERVER_LAYERS`];
+//!   [`SERVER_LAYERS`], and its engine names no destination crate;
 //! - a Rust file longer than [`LONG_FILE_LINES`] lines says why in its leading comment,
 //!   so a long file is a decision rather than an accident.
 
@@ -434,6 +434,59 @@ fn sheaf_server_layers_depend_one_way() {
         "sheaf-server's folders must depend one way, settings <- state <- ingest / delivery <- \
          http (a folder names only folders of a lower rank; ingest and delivery never name each \
          other):\n{}",
+        offences.join("\n")
+    );
+}
+
+/// The destination crates: every crate that depends on `sheaf-destination` to implement it (all
+/// but the trait crate itself and the service), by their Rust names (`sheaf_webhook`, …).
+fn destination_crates() -> Vec<String> {
+    let crates = workspace_root().join("crates");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&crates).unwrap() {
+        let dir = entry.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if matches!(name.as_str(), "sheaf-destination" | "sheaf-server") {
+            continue;
+        }
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let dependencies = manifest.split("[dev-dependencies]").next().unwrap_or("");
+        if dependencies
+            .lines()
+            .any(|l| l.trim_start().starts_with("sheaf-destination"))
+        {
+            names.push(name.replace('-', "_"));
+        }
+    }
+    names.sort();
+    names
+}
+
+#[test]
+fn the_engine_names_no_destination_type() {
+    let crates = destination_crates();
+    assert!(
+        crates.iter().any(|c| c == "sheaf_webhook"),
+        "the destination crates were not found: {crates:?}"
+    );
+    let src = workspace_root().join("crates/sheaf-server/src");
+    let mut offences = Vec::new();
+    for folder in ["state", "ingest", "delivery", "http"] {
+        for file in files_under(&src.join(folder), &[".rs"]) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                if let Some(name) = crates.iter().find(|c| line.contains(c.as_str())) {
+                    offences.push(format!("{}:{}: names {name}", shown(&file), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "the engine reaches destination types only through Core::destinations; only \
+         src/destinations.rs (and the root files) name them:\n{}",
         offences.join("\n")
     );
 }

@@ -173,8 +173,8 @@ impl EntityStore for MemoryEntityStore {
     ) -> Result<Destination> {
         let mut state = self.state.write();
         let destination = state.destination_mut(tenant, id)?;
-        if let Some(url) = &patch.url {
-            destination.url = url.clone();
+        if let Some(config) = &patch.config {
+            destination.config = config.clone();
         }
         if let Some(topics) = &patch.topics {
             destination.topics = topics.clone();

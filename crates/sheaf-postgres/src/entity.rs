@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::db::{Db, get, get_opt_time, get_time, pg_text};
 use crate::error::{decode, from_sqlx};
 
-const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, url, topics, headers, enabled, secret, \
+const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, config, topics, headers, enabled, secret, \
      previous_secret, previous_secret_expires_at, created_at, updated_at, filter, \
      disabled_reason, disabled_since, disabled_automatically, consecutive_failures, \
      rate_limit_per_second";
@@ -81,7 +81,7 @@ impl Statements {
             // it, disabling sets it (NULLs when the patch gives none), and no `enabled` leaves it.
             update_destination: format!(
                 "UPDATE {s}.destinations
-                 SET url = COALESCE($3, url), topics = COALESCE($4, topics),
+                 SET config = COALESCE($3, config), topics = COALESCE($4, topics),
                      headers = COALESCE($5, headers), enabled = COALESCE($6, enabled),
                      filter = CASE WHEN $7 THEN $8 ELSE filter END,
                      rate_limit_per_second = CASE WHEN $12 THEN $13::integer
@@ -249,7 +249,7 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
         id: DestinationId::from_uuid(get(row, "id")?),
         tenant_id: TenantId::new(get::<String>(row, "tenant_id")?)?,
         kind: DestinationKind::from_str(&kind).map_err(|e| decode(reading, e))?,
-        url: get(row, "url")?,
+        config: get::<Json<serde_json::Value>>(row, "config")?.0,
         topics: Topics::from_list(topics).map_err(|e| decode(reading, e))?,
         filter,
         rate_limit,
@@ -326,7 +326,7 @@ impl EntityStore for PostgresEntityStore {
             .bind(destination.id.as_uuid())
             .bind(destination.tenant_id.as_str())
             .bind(destination.kind.as_str())
-            .bind(destination.url.as_str())
+            .bind(Json(&destination.config))
             .bind(destination.topics.to_list())
             .bind(Json(&destination.headers))
             .bind(destination.enabled)
@@ -380,7 +380,7 @@ impl EntityStore for PostgresEntityStore {
         let row = sqlx::query(&self.sql.update_destination)
             .bind(tenant.as_str())
             .bind(id.as_uuid())
-            .bind(patch.url.as_deref())
+            .bind(patch.config.as_ref().map(Json))
             .bind(patch.topics.as_ref().map(Topics::to_list))
             .bind(patch.headers.as_ref().map(Json))
             .bind(patch.enabled)

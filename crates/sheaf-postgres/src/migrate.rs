@@ -62,6 +62,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "rate_limits_and_processes",
         sql: include_str!("../migrations/0007_rate_limits_and_processes.sql"),
     },
+    Migration {
+        version: 8,
+        name: "destination_config",
+        sql: include_str!("../migrations/0008_destination_config.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

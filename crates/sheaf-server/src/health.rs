@@ -47,6 +47,10 @@ use crate::state::metrics::Metrics;
 /// it (the second one's create finds it taken and updates it instead).
 const OPERATOR_DESTINATION: u128 = 0x0190_0000_0000_7000_8000_0000_0000_5eaf;
 
+/// Operator events go out as signed webhooks (`SHEAF_OPERATOR_WEBHOOK_URL`): the one place
+/// besides `destinations.rs` that names a type, because the setting is a webhook's.
+const OPERATOR_DESTINATION_TYPE: &str = "webhook";
+
 /// Most reports one entity-store call takes; more waiting go in the next call.
 const MAX_REPORTS_PER_CALL: usize = 10_000;
 
@@ -226,7 +230,7 @@ fn destination_event(kind: &str, d: &Destination) -> NewEvent {
             "type": kind,
             "tenant_id": d.tenant_id,
             "destination_id": d.id,
-            "url": d.url,
+            "destination_type": d.kind,
             "enabled": d.enabled,
             "consecutive_failures": d.consecutive_failures,
             "reason": reason.map(|r| r.reason.as_str()),
@@ -288,8 +292,8 @@ pub(crate) async fn ensure_operator_destination(
     let destination = Destination {
         id,
         tenant_id: tenant.clone(),
-        kind: DestinationKind::Webhook,
-        url: webhook.url.to_string(),
+        kind: DestinationKind::new(OPERATOR_DESTINATION_TYPE).expect("a type name"),
+        config: json!({ "url": webhook.url.as_str() }),
         topics: Topics::All,
         filter: None,
         rate_limit: None,
@@ -309,7 +313,7 @@ pub(crate) async fn ensure_operator_destination(
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::Conflict => {
             let patch = DestinationPatch {
-                url: Some(destination.url.clone()),
+                config: Some(destination.config.clone()),
                 enabled: Some(true),
                 ..Default::default()
             };

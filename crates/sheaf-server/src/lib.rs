@@ -20,6 +20,7 @@
 //! - [`telemetry`]: where log lines and, with `SHEAF_OTLP_ENDPOINT`, trace spans go.
 
 pub mod delivery;
+pub mod destinations;
 mod health;
 pub mod http;
 pub mod ingest;

@@ -46,11 +46,12 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         .with_context(|| format!("cannot listen on {} (SHEAF_LISTEN)", config.listen))?;
     let addr = listener.local_addr()?;
     if let Some(webhook) = &config.operator_webhook {
-        crate::delivery::guard::check_url(webhook.url.as_str(), config.allow_private_destinations)
+        sheaf_webhook::check_url(webhook.url.as_str(), config.allow_private_destinations)
             .await
             .map_err(|e| anyhow::anyhow!("invalid SHEAF_OPERATOR_WEBHOOK_URL: {}", e.0))?;
     }
-    let core = Core::new(config, stores)?;
+    let destinations = crate::destinations::installed(&config)?;
+    let core = Core::new(config, stores, destinations)?;
     if let Some(webhook) = &core.config.operator_webhook {
         ensure_operator_destination(&core, webhook).await?;
     }

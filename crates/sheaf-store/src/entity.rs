@@ -30,33 +30,65 @@ pub struct TenantUpsert {
     pub created: bool,
 }
 
-/// How a destination receives events.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DestinationKind {
-    /// A signed HTTP POST (Standard Webhooks).
-    Webhook,
-}
+/// A destination's type: the name of the destination type that delivers to it (`webhook`,
+/// `rabbitmq`, …). The store keeps the name and the type's `config`; which names exist is the
+/// service's business (its registry of destination types), so the store only checks that a
+/// name is one: 1 to 32 characters, lower-case ASCII letters, digits, `_` or `-`, starting with
+/// a letter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct DestinationKind(String);
 
 impl DestinationKind {
-    /// The lower-case name used in the API and in stores' columns.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DestinationKind::Webhook => "webhook",
+    /// The longest name.
+    pub const MAX_LEN: usize = 32;
+
+    /// `name`, if it is a well-formed type name ([`Error::InvalidInput`] otherwise).
+    pub fn new(name: impl Into<String>) -> Result<Self> {
+        let name = name.into();
+        let well_formed = (1..=Self::MAX_LEN).contains(&name.len())
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !well_formed {
+            return Err(Error::invalid_input(format!(
+                "{name:?} is not a destination type name (1 to {} lower-case letters, digits, `_` or `-`, starting with a letter)",
+                Self::MAX_LEN
+            )));
         }
+        Ok(DestinationKind(name))
+    }
+
+    /// The name, as the API and stores' columns use it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DestinationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
 impl std::str::FromStr for DestinationKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "webhook" => Ok(DestinationKind::Webhook),
-            _ => Err(Error::invalid_input(format!(
-                "{s:?} is not a destination type"
-            ))),
-        }
+        DestinationKind::new(s)
+    }
+}
+
+impl TryFrom<String> for DestinationKind {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        DestinationKind::new(s)
+    }
+}
+
+impl From<DestinationKind> for String {
+    fn from(kind: DestinationKind) -> String {
+        kind.0
     }
 }
 
@@ -171,10 +203,11 @@ pub struct Destination {
     pub id: DestinationId,
     /// Its owner.
     pub tenant_id: TenantId,
-    /// How it receives events.
+    /// Which destination type delivers to it.
     pub kind: DestinationKind,
-    /// Where to POST. The service validates it (scheme, private addresses); the store keeps it.
-    pub url: String,
+    /// Where and how, in the shape its type defines (a webhook's `{"url": …}`, a broker's URL
+    /// and exchange). The service's destination type validates it; the store keeps it as given.
+    pub config: serde_json::Value,
     /// Which events it receives.
     pub topics: Topics,
     /// Of the events whose topic it receives, which it receives: `None` for all.
@@ -327,8 +360,8 @@ pub enum HealthChange {
 /// A partial update of a destination: `None` fields stay as they are.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DestinationPatch {
-    /// A new URL.
-    pub url: Option<String>,
+    /// A new `config`, replacing the old one whole.
+    pub config: Option<serde_json::Value>,
     /// A new topics filter.
     pub topics: Option<Topics>,
     /// A new payload filter (`Some(Some(_))`), or none any more (`Some(None)`).

@@ -17,10 +17,12 @@
 //! - A **worker** ([`worker`]) takes a job from the channel (never from the database), renews
 //!   its lease first when more than half of it is spent, resolves what to send — a first
 //!   delivery's payload from the fresh-event cache or the coalesced event read; a retry's
-//!   through the coalesced latest-attempt lookup — delivers ([`webhook`], behind the
-//!   destination [`guard`]), and hands the job's outcome to the completer: with an outbox, the
-//!   attempt travels with it; without one, the worker first writes it through the log write
-//!   coalescer.
+//!   through the coalesced latest-attempt lookup — delivers through the destination's type
+//!   (`Core::destinations`, a `sheaf_destination::Registry`: the engine never names a type),
+//!   and hands the job's outcome to the completer: with an outbox, the attempt travels with it;
+//!   without one, the worker first writes it through the log write coalescer. A type's
+//!   `Verdict` decides what follows: done, retried on schedule, every delivery to the
+//!   destination paused (`Throttled`), or dead-lettered at once (`Permanent`).
 //! - The **completer** ([`completer`]) gathers outcomes from every worker for
 //!   `SHEAF_COMPLETER_FLUSH_INTERVAL` or `SHEAF_COMPLETER_MAX_BATCH` outcomes and writes each
 //!   kind as one statement: one commit per job is bound by WAL writes, and batched completions
@@ -37,9 +39,7 @@
 
 mod completer;
 mod dispatcher;
-pub mod guard;
 mod housekeeping;
-pub mod webhook;
 mod worker;
 
 use std::sync::Arc;
@@ -57,7 +57,6 @@ use tokio_util::task::TaskTracker;
 use crate::state::Core;
 use crate::state::handoff::Dispatched;
 use crate::state::metrics::Metrics;
-use webhook::Sender;
 
 /// What the completer writes for one job.
 #[derive(Debug)]
@@ -104,7 +103,6 @@ pub struct Engine {
 impl Engine {
     /// Starts the dispatcher, the workers and the completer.
     pub fn start(core: Arc<Core>) -> anyhow::Result<Self> {
-        let sender = Sender::new(&core.config)?;
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         let workers_count = core.config.delivery_workers;
@@ -128,7 +126,6 @@ impl Engine {
         for _ in 0..workers_count {
             workers.spawn(worker::run(
                 Arc::clone(&core),
-                sender.clone(),
                 Arc::clone(&jobs_rx),
                 completer_tx.clone(),
                 stop.clone(),

@@ -16,7 +16,6 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::webhook::{Delivered, Sender};
 use super::{Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
@@ -24,9 +23,10 @@ use crate::state::handoff::Dispatched;
 use crate::state::health::Report;
 use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
-use crate::state::metrics::{DeliveryOutcome, Metrics};
+use crate::state::metrics::{AttemptResult, DeliveryOutcome, Metrics};
 use crate::state::pacer::Admission;
 use crate::state::trace::{record_ids, trace_headers};
+use sheaf_destination::{Message, Report as Delivered, Verdict};
 
 /// How often a failed attempt write is tried before the worker gives up on logging it.
 const ATTEMPT_WRITE_TRIES: u32 = 3;
@@ -37,7 +37,6 @@ const ATTEMPT_WRITE_BACKOFF: Backoff =
 
 pub(super) async fn run(
     core: Arc<Core>,
-    sender: Sender,
     jobs: Arc<Mutex<mpsc::Receiver<Dispatched>>>,
     outcomes: mpsc::Sender<Turn>,
     stop: CancellationToken,
@@ -57,7 +56,7 @@ pub(super) async fn run(
         let outcome = tokio::select! {
             biased;
             () = abort.cancelled() => break,
-            outcome = handle(&core, &sender, dispatched).instrument(span) => outcome,
+            outcome = handle(&core, dispatched).instrument(span) => outcome,
         };
         if let Some(outcome) = outcome
             && outcomes.send(outcome).await.is_err()
@@ -206,7 +205,7 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
 
 /// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
 /// the attempt when an outbox records it together with the outcome.
-async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<Turn> {
+async fn handle(core: &Core, dispatched: Dispatched) -> Option<Turn> {
     let mut claimed = dispatched.claimed;
     let lease = core.config.queue_lease;
     if dispatched.claimed_at.elapsed() > lease / 2 {
@@ -276,14 +275,40 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
     let now = Timestamp::now();
     let span = tracing::Span::current();
     let trace = trace_headers(&span);
-    let delivered = sender
-        .deliver(&destination, &job.event_id, body, now, trace)
-        .await;
+    let delivered = match core.destinations.get(destination.kind.as_str()) {
+        Some(kind) => {
+            let secrets = destination.signing_secrets(now);
+            let message = Message {
+                tenant_id: &job.tenant_id,
+                destination_id: destination.id,
+                event_id: &job.event_id,
+                topic: &topic,
+                timestamp: now,
+                payload: &body,
+                headers: &destination.headers,
+                trace: &trace,
+                secrets: &secrets,
+                attempt: job.attempt_number,
+            };
+            let delivered = kind.deliver(&destination.config, &message).await;
+            core.metrics
+                .type_attempt(kind.name(), attempt_result(&delivered), delivered.elapsed);
+            delivered
+        }
+        // A destination of a type this binary lacks (written by a newer version, say): a
+        // failed attempt, retried on schedule, so a rolling upgrade loses nothing.
+        None => Delivered::retry(
+            format!(
+                "this process has no destination type {:?}",
+                destination.kind.as_str()
+            ),
+            std::time::Duration::ZERO,
+        ),
+    };
     core.metrics.attempt_latency(delivered.elapsed);
-    if delivered.code == Some(429) || delivered.retry_after.is_some() {
+    if let Verdict::Throttled { after } = delivered.verdict {
         // The destination asked to be left alone: every delivery to it waits, not only this one.
-        let pause = delivered
-            .retry_after
+        let pause = after
             .unwrap_or(Duration::from_secs(1))
             .clamp(Duration::from_secs(1), core.config.retry.retry_after_max);
         core.pacer.pause(destination.id, pause);
@@ -294,7 +319,7 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
     span.record("duration_ms", delivered.elapsed.as_millis() as u64);
     span.record(
         "outcome",
-        if delivered.success {
+        if delivered.succeeded() {
             "success"
         } else {
             "failed"
@@ -310,7 +335,7 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
         destination_id: job.destination_id,
         number: job.attempt_number,
         time: now,
-        status: if delivered.success {
+        status: if delivered.succeeded() {
             AttemptStatus::Success
         } else {
             AttemptStatus::Failed
@@ -322,12 +347,12 @@ async fn handle(core: &Core, sender: &Sender, dispatched: Dispatched) -> Option<
         },
         response_code: delivered.code,
         duration_ms: u32::try_from(delivered.elapsed.as_millis()).unwrap_or(u32::MAX),
-        response_body: delivered.body.clone(),
+        response_body: delivered.response.clone(),
         error: delivered.error.clone(),
         event_topic: topic,
         event_data: data,
     };
-    let result = if delivered.success {
+    let result = if delivered.succeeded() {
         Ok(())
     } else {
         Err(what_it_got(&delivered))
@@ -417,11 +442,22 @@ fn outcome_of(
     logged: bool,
 ) -> Outcome {
     let job = &claimed.job;
-    if delivered.success {
+    if delivered.succeeded() {
         core.metrics.delivery(DeliveryOutcome::Success);
         return Outcome::Complete(claimed.lease);
     }
     let retry = &core.config.retry;
+    if delivered.verdict == Verdict::Permanent {
+        core.metrics.delivery(DeliveryOutcome::DeadLettered);
+        return Outcome::DeadLetter(DeadLetterRequest {
+            lease: claimed.lease,
+            reason: format!(
+                "the destination cannot take it as configured (attempt {}): {}",
+                job.attempt_number,
+                what_it_got(delivered)
+            ),
+        });
+    }
     if job.attempt_number >= retry.max_attempts {
         core.metrics.delivery(DeliveryOutcome::DeadLettered);
         let last = what_it_got(delivered);
@@ -434,7 +470,7 @@ fn outcome_of(
         });
     }
     core.metrics.delivery(DeliveryOutcome::Failed);
-    let delay = match delivered.retry_after {
+    let delay = match delivered.retry_after() {
         Some(asked) => asked.clamp(Duration::from_secs(1), retry.retry_after_max),
         None => jittered(retry.base_delay(job.attempt_number), retry.jitter_percent),
     };
@@ -446,6 +482,16 @@ fn outcome_of(
         // then looks without a time bound (a single, unbatched lookup) or reads the event.
         last_attempt_time: logged.then_some(now),
     })
+}
+
+/// The `result` label of an attempt.
+fn attempt_result(report: &Delivered) -> AttemptResult {
+    match report.verdict {
+        Verdict::Delivered => AttemptResult::Delivered,
+        Verdict::Retry { .. } => AttemptResult::Retry,
+        Verdict::Throttled { .. } => AttemptResult::Throttled,
+        Verdict::Permanent => AttemptResult::Permanent,
+    }
 }
 
 /// `delay` moved randomly by up to `percent` of itself, either way.

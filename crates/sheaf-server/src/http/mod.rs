@@ -53,7 +53,7 @@ pub fn router(core: AppState) -> Router {
     }
     let max_body = core.config.max_body_bytes;
     // The document depends on the configuration only, which does not change while running.
-    let document = Arc::new(openapi::document(&core.config));
+    let document = Arc::new(openapi::document(&core.config, &core.destinations));
     let timeout = core.config.request_timeout;
     let traced = core.traces.is_some();
     let router = router

@@ -13,11 +13,11 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::delivery::webhook::RESERVED_HEADERS;
 use crate::http::auth::Access;
 use crate::http::limits::{MAX_CUSTOM_HEADERS, MAX_TOPICS};
 use crate::http::routes::routes;
 use crate::settings::Config;
+use sheaf_destination::Registry;
 
 /// A tenant id as the server accepts it (`sheaf_store::TenantId`, without `.` and `..`, which
 /// cannot be path segments).
@@ -40,20 +40,10 @@ fn uuid_schema() -> Value {
     json!({ "type": "string", "format": "uuid" })
 }
 
-/// A destination URL. The server takes any `http`/`https` URL with a host (and, with the guard
-/// on, a public one); the schema's subset never names an IP address or a label of digits
-/// alone (which URL parsing would read as an IPv4 address).
-fn url_schema() -> Value {
-    json!({
-        "type": "string",
-        "pattern": "^https?://[a-z][a-z0-9-]{0,20}(\\.[a-z][a-z0-9-]{0,20}){0,3}(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~-]{0,20}){0,4}$",
-        "description": "http or https; unless SHEAF_ALLOW_PRIVATE_DESTINATIONS=true the host must resolve to public addresses only"
-    })
-}
-
-/// Custom headers: valid names other than the reserved ones (in any case), printable values.
-fn headers_schema() -> Value {
-    let reserved: Vec<String> = RESERVED_HEADERS
+/// Custom headers: valid names other than the ones the type reserves (in any case), printable
+/// values.
+fn headers_schema(reserved: &[&str]) -> Value {
+    let reserved: Vec<String> = reserved
         .iter()
         .map(|name| {
             name.chars()
@@ -67,15 +57,16 @@ fn headers_schema() -> Value {
                 .collect()
         })
         .collect();
+    let mut names = json!({ "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$" });
+    if !reserved.is_empty() {
+        names["not"] = json!({ "pattern": format!("^(?:{})$", reserved.join("|")) });
+    }
     json!({
         "type": "object",
         "maxProperties": MAX_CUSTOM_HEADERS,
-        "propertyNames": {
-            "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$",
-            "not": { "pattern": format!("^(?:{})$", reserved.join("|")) }
-        },
+        "propertyNames": names,
         "additionalProperties": { "type": "string", "pattern": "^[\\t\\x20-\\x7e]{0,1024}$" },
-        "description": "Sent with every delivery; webhook-*, content-type and content-length are reserved"
+        "description": "Sent with every delivery (as HTTP headers, AMQP headers, NATS headers); the names a type sets itself are reserved"
     })
 }
 
@@ -157,7 +148,31 @@ fn filter_schemas() -> Vec<(&'static str, Value)> {
 }
 
 /// The component schemas the route table names.
-fn schemas(config: &Config) -> Value {
+/// One object schema per destination type, each with its `type` and its `config`: a request
+/// is exactly one of them.
+fn destination_input(destinations: &Registry) -> Value {
+    let reserved = destinations.reserved_headers();
+    let one = |kind: &std::sync::Arc<dyn sheaf_destination::DestinationType>| {
+        json!({
+            "type": "object",
+            "title": kind.name(),
+            "required": ["type", "topics", "config"],
+            "additionalProperties": false,
+            "properties": {
+                "type": { "const": kind.name() },
+                "topics": topics_schema(),
+                "filter": { "anyOf": [{ "$ref": "#/components/schemas/Filter" }, { "type": "null" }] },
+                "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "Deliveries started per second, across every process" },
+                "config": kind.config_schema(),
+                "headers": headers_schema(&reserved),
+                "enabled": { "type": "boolean", "default": true }
+            }
+        })
+    };
+    json!({ "oneOf": destinations.iter().map(one).collect::<Vec<_>>() })
+}
+
+fn schemas(config: &Config, destinations: &Registry) -> Value {
     let timestamp = json!({ "type": "string", "format": "date-time" });
     let nullable_timestamp = json!({ "type": ["string", "null"], "format": "date-time" });
     let page = |item: &str| {
@@ -227,25 +242,7 @@ fn schemas(config: &Config) -> Value {
                 "expires_at": timestamp
             }
         },
-        "DestinationInput": {
-            "type": "object",
-            "required": ["type", "topics", "config"],
-            "additionalProperties": false,
-            "properties": {
-                "type": { "const": "webhook" },
-                "topics": topics_schema(),
-                "filter": { "anyOf": [{ "$ref": "#/components/schemas/Filter" }, { "type": "null" }] },
-                "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "Deliveries started per second, across every process" },
-                "config": {
-                    "type": "object",
-                    "required": ["url"],
-                    "additionalProperties": false,
-                    "properties": { "url": url_schema() }
-                },
-                "headers": headers_schema(),
-                "enabled": { "type": "boolean", "default": true }
-            }
-        },
+        "DestinationInput": destination_input(destinations),
         "DestinationPatch": {
             "type": "object",
             "additionalProperties": false,
@@ -257,11 +254,10 @@ fn schemas(config: &Config) -> Value {
                 },
                 "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "A new rate limit, or null for none" },
                 "config": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "properties": { "url": url_schema() }
+                    "anyOf": destinations.iter().map(|k| k.config_schema()).collect::<Vec<_>>(),
+                    "description": "Replaces the whole config; it must be one the destination's type takes"
                 },
-                "headers": headers_schema(),
+                "headers": headers_schema(&destinations.reserved_headers()),
                 "enabled": { "type": "boolean" }
             }
         },
@@ -271,11 +267,11 @@ fn schemas(config: &Config) -> Value {
             "properties": {
                 "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
-                "type": { "const": "webhook" },
+                "type": { "enum": destinations.names() },
                 "topics": { "type": "array", "items": { "type": "string" } },
                 "filter": { "type": ["object", "null"], "description": "The payload filter as given, or null" },
                 "rate_limit": { "type": ["object", "null"], "properties": { "per_second": { "type": "integer" } } },
-                "config": { "type": "object", "required": ["url"], "properties": { "url": { "type": "string" } } },
+                "config": { "type": "object", "description": "As its type defines it (see DestinationInput)" },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "enabled": { "type": "boolean" },
                 "disabled_reason": {
@@ -460,7 +456,7 @@ fn error_response(description: &str) -> Value {
 }
 
 /// The whole document, for a server running with `config` (it states `SHEAF_TOKEN_MAX_TTL`).
-pub fn document(config: &Config) -> Value {
+pub fn document(config: &Config, destinations: &Registry) -> Value {
     let mut paths = Map::new();
     for route in routes() {
         let path_params = path_parameters(route.path);
@@ -549,7 +545,7 @@ pub fn document(config: &Config) -> Value {
             .or_insert_with(|| Value::Object(Map::new()));
         entry[route.method.as_str().to_ascii_lowercase()] = operation;
     }
-    let mut components = schemas(config);
+    let mut components = schemas(config, destinations);
     for (name, schema) in filter_schemas() {
         components[name] = schema;
     }
@@ -578,7 +574,8 @@ mod tests {
     #[test]
     fn every_schema_reference_resolves() {
         let config = Config::load(std::collections::HashMap::new()).unwrap();
-        let doc = document(&config);
+        let destinations = crate::destinations::installed(&config).unwrap();
+        let doc = document(&config, &destinations);
         let text = doc.to_string();
         let schemas = doc["components"]["schemas"].as_object().unwrap();
         for piece in text.split("#/components/schemas/").skip(1) {

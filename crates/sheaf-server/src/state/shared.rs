@@ -6,6 +6,7 @@ use std::time::Duration;
 use moka::future::Cache;
 use moka::policy::EvictionPolicy;
 use sheaf_coalesce::{CoalesceMetrics, LookupCoalescer, WriteCoalescer};
+use sheaf_destination::Registry;
 use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
 
@@ -72,11 +73,18 @@ pub struct Core {
     pub pacer: Pacer,
     /// This process's id in the queue's heartbeats.
     pub process_id: uuid::Uuid,
+    /// The destination types this process delivers to, by the name in a destination's `type`.
+    pub destinations: Registry,
 }
 
 impl Core {
-    /// Builds the coalescers and caches over `stores`. Must run inside a Tokio runtime.
-    pub fn new(config: Config, mut stores: Stores) -> anyhow::Result<Arc<Self>> {
+    /// Builds the coalescers and caches over `stores`, delivering through `destinations`. Must
+    /// run inside a Tokio runtime.
+    pub fn new(
+        config: Config,
+        mut stores: Stores,
+        destinations: Registry,
+    ) -> anyhow::Result<Arc<Self>> {
         // Every backend stores destination secrets sealed (SHEAF_SECRETS_KEY): the wrapper sits
         // at the one boundary every secret crosses on its way to storage.
         stores.entities = Arc::new(SealedEntityStore::new(
@@ -124,6 +132,7 @@ impl Core {
             .eviction_policy(EvictionPolicy::lru())
             .build();
         let metrics = Arc::new(Metrics::default());
+        metrics.set_destination_types(&destinations.names());
         let wake = Arc::new(Notify::new());
         let jobs = Arc::new(JobChannel::new(config.delivery_workers));
         let intake_metrics = Arc::new(CoalesceMetrics::new());
@@ -175,6 +184,7 @@ impl Core {
             replays: Replays::new(),
             pacer: Pacer::new(),
             process_id: uuid::Uuid::now_v7(),
+            destinations,
         }))
     }
 

@@ -16,7 +16,7 @@ use moka::future::Cache;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName};
 use sheaf_store::EventKey;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -69,7 +69,7 @@ pub fn continue_from_headers(span: &tracing::Span, headers: &HeaderMap) {
 
 /// The `traceparent` (and `tracestate`, when there is one) naming `span`, for an outgoing
 /// request; empty when `span` is not traced.
-pub fn trace_headers(span: &tracing::Span) -> Vec<(HeaderName, HeaderValue)> {
+pub fn trace_headers(span: &tracing::Span) -> Vec<(String, String)> {
     let context = span.context();
     if !context.span().span_context().is_valid() {
         return Vec::new();
@@ -102,15 +102,10 @@ impl Extractor for Headers<'_> {
     }
 }
 
-struct HeaderOut(Vec<(HeaderName, HeaderValue)>);
+struct HeaderOut(Vec<(String, String)>);
 
 impl Injector for HeaderOut {
     fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.push((name, value));
-        }
+        self.0.push((key.to_owned(), value));
     }
 }

@@ -160,8 +160,8 @@ pub(super) fn stored_destination(
     Destination {
         id: DestinationId::generate(),
         tenant_id: tenant.clone(),
-        kind: sheaf_store::DestinationKind::Webhook,
-        url,
+        kind: sheaf_store::DestinationKind::new("webhook").unwrap(),
+        config: serde_json::json!({ "url": url }),
         topics,
         filter: None,
         rate_limit: None,

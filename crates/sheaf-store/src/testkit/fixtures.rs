@@ -102,8 +102,8 @@ pub fn destination(tenant: &TenantId) -> Destination {
     Destination {
         id: DestinationId::generate(),
         tenant_id: tenant.clone(),
-        kind: DestinationKind::Webhook,
-        url: "https://example.com/hooks/sheaf".to_owned(),
+        kind: DestinationKind::new("webhook").expect("a type name"),
+        config: serde_json::json!({ "url": "https://example.com/hooks/sheaf" }),
         topics: Topics::All,
         filter: None,
         rate_limit: None,

@@ -14,11 +14,10 @@ use sheaf_store::{
     RateLimit, Timestamp, Topics,
 };
 
-use crate::delivery::guard::check_url;
-use crate::delivery::webhook::{RESERVED_HEADERS, generate_secret};
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiPath, AppState};
 use crate::state::Core;
+use sheaf_destination::{ConfigError, DestinationType, Registry, generate_secret};
 
 use crate::http::limits::{
     MAX_CUSTOM_HEADERS, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_TOPICS,
@@ -34,7 +33,7 @@ fn destination_json(d: &Destination) -> Value {
         "topics": d.topics,
         "filter": d.filter.as_ref().map(Filter::source),
         "rate_limit": d.rate_limit.map(|r| json!({ "per_second": r.per_second })),
-        "config": { "url": d.url },
+        "config": d.config,
         "headers": d.headers,
         "enabled": d.enabled,
         "disabled_reason": d.disabled_reason.as_ref().map(|r| json!({
@@ -57,12 +56,6 @@ fn destination_json(d: &Destination) -> Value {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct WebhookConfig {
-    url: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct DestinationInput {
     #[serde(rename = "type")]
     kind: String,
@@ -71,18 +64,11 @@ pub(crate) struct DestinationInput {
     filter: Option<Value>,
     #[serde(default)]
     rate_limit: Option<RateLimitInput>,
-    config: WebhookConfig,
+    config: Value,
     #[serde(default)]
     headers: BTreeMap<String, String>,
     #[serde(default, deserialize_with = "not_null")]
     enabled: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PatchConfig {
-    #[serde(default, deserialize_with = "not_null")]
-    url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -96,8 +82,9 @@ pub(crate) struct DestinationPatchInput {
     /// Absent: unchanged; `null`: no limit; an object: the new limit.
     #[serde(default, deserialize_with = "present")]
     rate_limit: Option<Option<RateLimitInput>>,
+    /// Replaces the whole `config`, checked by the destination's type.
     #[serde(default, deserialize_with = "not_null")]
-    config: Option<PatchConfig>,
+    config: Option<Value>,
     #[serde(default, deserialize_with = "not_null")]
     headers: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "not_null")]
@@ -171,7 +158,11 @@ fn check_topics(topics: Vec<String>) -> Result<Topics, ApiError> {
 
 /// Custom headers are bounded (they go out with every delivery) and plain: token names,
 /// printable ASCII values (HTTP's obsolete non-ASCII text is refused rather than guessed at).
-fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiError> {
+fn check_headers(
+    headers: &BTreeMap<String, String>,
+    destinations: &Registry,
+) -> Result<(), ApiError> {
+    let reserved = destinations.reserved_headers();
     if headers.len() > MAX_CUSTOM_HEADERS {
         return Err(ApiError::invalid(format!(
             "a destination has at most {MAX_CUSTOM_HEADERS} custom headers, got {}",
@@ -193,7 +184,7 @@ fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiError> {
             )));
         }
         let lower = name.to_ascii_lowercase();
-        if RESERVED_HEADERS.contains(&lower.as_str()) {
+        if reserved.contains(&lower.as_str()) {
             return Err(ApiError::invalid(format!(
                 "header {name:?} is set by sheaf and cannot be overridden"
             )));
@@ -212,11 +203,21 @@ fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn checked_url(core: &Core, raw: &str) -> Result<String, ApiError> {
-    check_url(raw, core.config.allow_private_destinations)
+/// The destination type `name` names in this process, or a 400 listing the ones it has.
+fn destination_type<'a>(core: &'a Core, name: &str) -> Result<&'a dyn DestinationType, ApiError> {
+    core.destinations.get(name).map(|k| &**k).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{name:?} is not a destination type; this server has {}",
+            core.destinations.names().join(", ")
+        ))
+    })
+}
+
+/// `config` as `kind` stores it, or a 400 naming the field at fault (`config.url: …`).
+async fn checked_config(kind: &dyn DestinationType, config: &Value) -> Result<Value, ApiError> {
+    kind.validate(config)
         .await
-        .map(|url| url.to_string())
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_destination_url", e.0))
+        .map_err(|e: ConfigError| ApiError::new(StatusCode::BAD_REQUEST, e.code, e.to_string()))
 }
 
 pub(crate) async fn create_destination(
@@ -226,18 +227,19 @@ pub(crate) async fn create_destination(
 ) -> ApiResult {
     let tenant = existing_tenant(&core, raw).await?;
     not_operator_tenant(&tenant)?;
+    let kind_impl = destination_type(&core, &input.kind)?;
     let kind: DestinationKind = input.kind.parse()?;
     let topics = check_topics(input.topics)?;
     let filter = check_filter(input.filter)?;
     let rate_limit = check_rate_limit(input.rate_limit)?;
-    check_headers(&input.headers)?;
-    let url = checked_url(&core, &input.config.url).await?;
+    check_headers(&input.headers, &core.destinations)?;
+    let config = checked_config(kind_impl, &input.config).await?;
     let now = Timestamp::now();
     let destination = Destination {
         id: DestinationId::generate(),
         tenant_id: tenant.clone(),
         kind,
-        url,
+        config,
         topics,
         filter,
         rate_limit,
@@ -295,6 +297,9 @@ async fn apply_patch(
         .update_destination(&tenant, &id, &patch)
         .await?;
     core.entities.invalidate(&tenant).await;
+    if patch.config.is_some() {
+        core.destinations.forget(id);
+    }
     Ok(Json(destination_json(&updated)).into_response())
 }
 
@@ -307,14 +312,26 @@ pub(crate) async fn patch_destination(
     let filter = input.filter.map(check_filter).transpose()?;
     let rate_limit = input.rate_limit.map(check_rate_limit).transpose()?;
     if let Some(headers) = &input.headers {
-        check_headers(headers)?;
+        check_headers(headers, &core.destinations)?;
     }
-    let url = match input.config.and_then(|c| c.url) {
-        Some(url) => Some(checked_url(&core, &url).await?),
-        None => None,
+    let config = if let Some(config) = &input.config {
+        // A config is its type's to check: read the destination's type first (a type never
+        // changes, so nothing races this read).
+        let (tenant, id) = existing_destination(&core, raw.clone(), &dest).await?;
+        not_operator_tenant(&tenant)?;
+        let current = core
+            .entities
+            .store()
+            .get_destination(&tenant, &id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("destination {id} does not exist")))?;
+        let kind = destination_type(&core, current.kind.as_str())?;
+        Some(checked_config(kind, config).await?)
+    } else {
+        None
     };
     let patch = DestinationPatch {
-        url,
+        config,
         topics,
         filter,
         rate_limit,
@@ -350,6 +367,7 @@ pub(crate) async fn delete_destination(
         .delete_destination(&tenant, &id)
         .await?;
     core.entities.invalidate(&tenant).await;
+    core.destinations.forget(id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -67,9 +67,63 @@ const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// What a destination type made of an attempt, for `sheaf_destination_attempts_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptResult {
+    /// Delivered.
+    Delivered,
+    /// A failure worth retrying.
+    Retry,
+    /// The receiver asked to be left alone for a while.
+    Throttled,
+    /// A failure retrying cannot mend: dead-lettered at once.
+    Permanent,
+}
+
+impl AttemptResult {
+    pub(crate) const ALL: [AttemptResult; 4] = [
+        AttemptResult::Delivered,
+        AttemptResult::Retry,
+        AttemptResult::Throttled,
+        AttemptResult::Permanent,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            AttemptResult::Delivered => "delivered",
+            AttemptResult::Retry => "retry",
+            AttemptResult::Throttled => "throttled",
+            AttemptResult::Permanent => "permanent",
+        }
+    }
+}
+
+/// One destination type's attempts, by result, and their total duration.
+#[derive(Debug)]
+pub struct TypeAttempts {
+    /// The type's name (the `type` label).
+    pub name: &'static str,
+    results: [AtomicU64; 4],
+    micros: AtomicU64,
+}
+
+impl TypeAttempts {
+    /// Attempts of this type that ended with `result`.
+    pub fn count(&self, result: AttemptResult) -> u64 {
+        read(&self.results[result as usize])
+    }
+
+    /// The seconds all its attempts took together.
+    pub fn seconds(&self) -> f64 {
+        read(&self.micros) as f64 / 1e6
+    }
+}
+
 /// Every counter the service keeps besides the coalescers'.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Attempts by destination type, for the types this process has (set once at start).
+    by_type: std::sync::OnceLock<Box<[TypeAttempts]>>,
     deliveries: [AtomicU64; 8],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
@@ -254,6 +308,36 @@ impl Metrics {
     /// How many jobs ended with `outcome` so far.
     pub fn deliveries(&self, outcome: DeliveryOutcome) -> u64 {
         read(&self.deliveries[outcome.index()])
+    }
+
+    /// Names the destination types whose attempts are counted by type; the first call wins.
+    pub fn set_destination_types(&self, names: &[&'static str]) {
+        let _ = self.by_type.set(
+            names
+                .iter()
+                .map(|name| TypeAttempts {
+                    name,
+                    results: Default::default(),
+                    micros: AtomicU64::new(0),
+                })
+                .collect(),
+        );
+    }
+
+    /// Counts one attempt of destination type `name` (ignored for a type not set).
+    pub fn type_attempt(&self, name: &str, result: AttemptResult, elapsed: Duration) {
+        if let Some(entry) = self.destination_types().iter().find(|t| t.name == name) {
+            bump(&entry.results[result as usize]);
+            entry.micros.fetch_add(
+                u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// The counts by destination type.
+    pub fn destination_types(&self) -> &[TypeAttempts] {
+        self.by_type.get().map(|b| &b[..]).unwrap_or(&[])
     }
 
     /// Records one attempt's duration.

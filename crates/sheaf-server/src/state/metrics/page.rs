@@ -126,6 +126,32 @@ pub fn render(
             m.deliveries(outcome),
         );
     }
+    w.header(
+        "sheaf_destination_attempts_total",
+        "counter",
+        "Attempts by destination type and what the type made of them (delivered, retry, throttled, permanent).",
+    );
+    for kind in m.destination_types() {
+        for result in AttemptResult::ALL {
+            w.sample(
+                "sheaf_destination_attempts_total",
+                &format!("type=\"{}\",result=\"{}\"", kind.name, result.label()),
+                kind.count(result),
+            );
+        }
+    }
+    w.header(
+        "sheaf_destination_attempt_seconds_total",
+        "counter",
+        "Time attempts took, by destination type; divided by the attempts, their mean duration.",
+    );
+    for kind in m.destination_types() {
+        w.sample(
+            "sheaf_destination_attempt_seconds_total",
+            &format!("type=\"{}\"", kind.name),
+            kind.seconds(),
+        );
+    }
 
     w.header(
         "sheaf_attempt_duration_seconds",

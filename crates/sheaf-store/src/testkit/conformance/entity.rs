@@ -250,7 +250,7 @@ pub async fn destination_filters_are_kept_replaced_and_cleared(store: &dyn Entit
     );
 
     let url = DestinationPatch {
-        url: Some("https://example.org/filtered".to_owned()),
+        config: Some(serde_json::json!({ "url": "https://example.org/filtered" })),
         ..Default::default()
     };
     let after_url = store
@@ -258,7 +258,7 @@ pub async fn destination_filters_are_kept_replaced_and_cleared(store: &dyn Entit
         .await
         .expect("patch url");
     let expected = Destination {
-        url: "https://example.org/filtered".to_owned(),
+        config: serde_json::json!({ "url": "https://example.org/filtered" }),
         ..original.clone()
     };
     check_mutation(
@@ -318,7 +318,7 @@ pub async fn destination_patch_changes_only_given_fields(store: &dyn EntityStore
         .expect("create_destination failed");
 
     let url = DestinationPatch {
-        url: Some("https://example.org/v2".to_owned()),
+        config: Some(serde_json::json!({ "url": "https://example.org/v2" })),
         ..Default::default()
     };
     let after_url = store
@@ -326,7 +326,7 @@ pub async fn destination_patch_changes_only_given_fields(store: &dyn EntityStore
         .await
         .expect("patch url");
     let expected = Destination {
-        url: "https://example.org/v2".to_owned(),
+        config: serde_json::json!({ "url": "https://example.org/v2" }),
         ..original.clone()
     };
     check_mutation(store, &after_url, &expected, "patching the url").await;

@@ -1,9 +1,10 @@
-//! [`Destination::rate_limit`] conformance: a limit is stored as given, kept by patches that do
-//! not name it, replaced and cleared by those that do.
+//! [`Destination::rate_limit`], [`Destination::kind`] and [`Destination::config`] conformance:
+//! each is stored as given, kept by patches that do not name it, and replaced (or cleared) by
+//! those that do.
 
 use super::entity::{check_mutation, get, make_tenant};
 use crate::testkit::fixtures::destination;
-use crate::{Destination, DestinationPatch, EntityStore, RateLimit};
+use crate::{Destination, DestinationKind, DestinationPatch, EntityStore, RateLimit};
 
 fn limit(per_second: u32) -> RateLimit {
     RateLimit::new(per_second).expect("a valid rate limit")
@@ -25,7 +26,7 @@ pub async fn destination_rate_limits_are_kept_replaced_and_cleared(store: &dyn E
     assert_eq!(read, original, "the destination as created, with its limit");
 
     let url = DestinationPatch {
-        url: Some("https://example.org/limited".to_owned()),
+        config: Some(serde_json::json!({ "url": "https://example.org/limited" })),
         ..Default::default()
     };
     let after_url = store
@@ -33,7 +34,7 @@ pub async fn destination_rate_limits_are_kept_replaced_and_cleared(store: &dyn E
         .await
         .expect("patch url");
     let expected = Destination {
-        url: "https://example.org/limited".to_owned(),
+        config: serde_json::json!({ "url": "https://example.org/limited" }),
         ..original.clone()
     };
     check_mutation(
@@ -86,6 +87,65 @@ pub async fn destination_rate_limits_are_kept_replaced_and_cleared(store: &dyn E
     let mut expected = vec![cleared, unlimited];
     expected.sort_by_key(|d| d.id);
     assert_eq!(listed, expected, "the listing agrees");
+    store
+        .delete_tenant(&tenant)
+        .await
+        .expect("delete_tenant failed");
+}
+
+/// A destination of any type keeps its type name and its `config` exactly as given (nested
+/// values, numbers, unicode), a patch of `config` replaces it whole, and other patches keep it.
+pub async fn destination_types_and_configs_are_kept_as_given(store: &dyn EntityStore) {
+    let tenant = make_tenant(store, "entity-config").await;
+    let config = serde_json::json!({
+        "url": "amqp://guest:guest@broker.example:5672/%2f",
+        "exchange": "événements",
+        "routing_key": "orders.#",
+        "options": { "priority": 7, "ratio": 0.25, "flags": [true, null, "x"] },
+    });
+    let original = Destination {
+        kind: DestinationKind::new("rabbitmq").expect("a type name"),
+        config: config.clone(),
+        ..destination(&tenant)
+    };
+    store
+        .create_destination(&original)
+        .await
+        .expect("create_destination failed");
+    let read = get(store, &tenant, &original.id).await.expect("created");
+    assert_eq!(read, original, "the type and config as created");
+
+    let headers = DestinationPatch {
+        headers: Some(std::collections::BTreeMap::from([(
+            "x-a".to_owned(),
+            "1".to_owned(),
+        )])),
+        ..Default::default()
+    };
+    let after_headers = store
+        .update_destination(&tenant, &original.id, &headers)
+        .await
+        .expect("patch headers");
+    assert_eq!(
+        after_headers.config, config,
+        "a patch without config keeps it"
+    );
+    assert_eq!(after_headers.kind, original.kind);
+
+    let replaced = serde_json::json!({ "url": "amqp://other.example/", "exchange": "e2" });
+    let patch = DestinationPatch {
+        config: Some(replaced.clone()),
+        ..Default::default()
+    };
+    let after = store
+        .update_destination(&tenant, &original.id, &patch)
+        .await
+        .expect("patch config");
+    let expected = Destination {
+        config: replaced,
+        ..after_headers.clone()
+    };
+    check_mutation(store, &after, &expected, "replacing the config").await;
     store
         .delete_tenant(&tenant)
         .await
