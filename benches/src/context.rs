@@ -17,6 +17,8 @@ pub struct Ctx {
     pub out_dir: PathBuf,
     postgres_url: Option<String>,
     clickhouse_url: Option<String>,
+    rabbitmq_url: Option<String>,
+    nats_url: Option<String>,
     sheaf_bin: Option<PathBuf>,
 }
 
@@ -38,6 +40,8 @@ impl Ctx {
             out_dir,
             postgres_url: var(sheaf_testenv::POSTGRES_URL_VAR),
             clickhouse_url: var(sheaf_testenv::CLICKHOUSE_URL_VAR),
+            rabbitmq_url: var(sheaf_testenv::RABBITMQ_URL_VAR),
+            nats_url: var(sheaf_testenv::NATS_URL_VAR),
             sheaf_bin: var(SHEAF_BIN_VAR).map(PathBuf::from),
         })
     }
@@ -58,6 +62,26 @@ impl Ctx {
             format!(
                 "{} is not set: run through `cargo xtask bench`, which starts the servers",
                 sheaf_testenv::CLICKHOUSE_URL_VAR
+            )
+        })
+    }
+
+    /// The RabbitMQ URL (`amqp://…/%2f`), or an error that says how to get one.
+    pub fn rabbitmq(&self) -> anyhow::Result<&str> {
+        self.rabbitmq_url.as_deref().with_context(|| {
+            format!(
+                "{} is not set: run through `cargo xtask bench`, which starts the servers",
+                sheaf_testenv::RABBITMQ_URL_VAR
+            )
+        })
+    }
+
+    /// The NATS URL (`nats://…`, JetStream enabled), or an error that says how to get one.
+    pub fn nats(&self) -> anyhow::Result<&str> {
+        self.nats_url.as_deref().with_context(|| {
+            format!(
+                "{} is not set: run through `cargo xtask bench`, which starts the servers",
+                sheaf_testenv::NATS_URL_VAR
             )
         })
     }

@@ -2,8 +2,9 @@
 //! from (docs/benchmarks.md), reproduced on the real servers with Sheaf and the design it
 //! replaces side by side in one run.
 //!
-//! Run it through `cargo xtask bench`, which starts Postgres and ClickHouse and passes their URLs
-//! in `SHEAF_TEST_POSTGRES_URL` and `SHEAF_TEST_CLICKHOUSE_URL` (and the `sheaf` binary in
+//! Run it through `cargo xtask bench`, which starts Postgres, ClickHouse, RabbitMQ and NATS and
+//! passes their URLs in `SHEAF_TEST_POSTGRES_URL`, `SHEAF_TEST_CLICKHOUSE_URL`,
+//! `SHEAF_TEST_RABBITMQ_URL` and `SHEAF_TEST_NATS_URL` (and the `sheaf` binary in
 //! `SHEAF_BENCH_SHEAF_BIN`). Each scenario prints its table, and writes the raw results to
 //! `<out>/<scenario>.json` and a plot to `<out>/<scenario>.svg` (`target/bench/` by default).
 //! `--quick` runs every scenario at a size that finishes in seconds, to prove it still works;
@@ -36,8 +37,10 @@ scenarios:
   delivery   publish to a local receiver through `sheaf`: events/s and latency, memory vs Postgres + ClickHouse
   burst      the retry-lookup experiment's failing-webhook burst through `sheaf`: lookup batching off, fixed, adaptive
   cdc        Postgres inserts to changes through the CDC reader: row per message vs batch_transactions
+  destinations  events/s through `sheaf` to each destination type side by side: webhook, RabbitMQ, NATS JetStream
 
-environment: SHEAF_TEST_POSTGRES_URL, SHEAF_TEST_CLICKHOUSE_URL, SHEAF_BENCH_SHEAF_BIN (set by `cargo xtask bench`)
+environment: SHEAF_TEST_POSTGRES_URL, SHEAF_TEST_CLICKHOUSE_URL, SHEAF_TEST_RABBITMQ_URL, SHEAF_TEST_NATS_URL,
+  SHEAF_BENCH_SHEAF_BIN (set by `cargo xtask bench`)
 ";
 
 fn main() -> ExitCode {

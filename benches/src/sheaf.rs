@@ -64,10 +64,22 @@ impl Sheaf {
     /// Creates the tenant and one webhook destination for every topic pointing at `url`.
     pub async fn add_destination(&self, tenant: &str, url: &str) -> anyhow::Result<()> {
         self.add_tenant(tenant).await?;
+        self.add_typed_destination(tenant, "webhook", serde_json::json!({ "url": url }))
+            .await
+    }
+
+    /// Creates one destination of type `kind` (`webhook`, `rabbitmq`, `nats`, …) for every topic
+    /// of an existing tenant, with `config` as its type's configuration.
+    pub async fn add_typed_destination(
+        &self,
+        tenant: &str,
+        kind: &str,
+        config: serde_json::Value,
+    ) -> anyhow::Result<()> {
         let body = serde_json::json!({
-            "type": "webhook",
+            "type": kind,
             "topics": ["*"],
-            "config": { "url": url },
+            "config": config,
         });
         let post = self
             .http
@@ -78,7 +90,7 @@ impl Sheaf {
             .await?;
         if !post.status().is_success() {
             bail!(
-                "create destination: {} {}",
+                "create {kind} destination: {} {}",
                 post.status(),
                 post.text().await.unwrap_or_default()
             );

@@ -1,9 +1,9 @@
 //! `cargo xtask bench <scenario>…|all [--quick]`: the experiments behind Sheaf's mechanisms, on
 //! the real servers, each measuring Sheaf and the design it replaces (docs/benchmarks.md).
 //!
-//! Starts Postgres and ClickHouse (like `test`, and stops only what it started), builds the
-//! `sheaf` binary when a scenario spawns it, then runs the `sheaf-bench` binary of the
-//! `sheaf-benches` crate with the servers' URLs in the environment. Full runs build in release;
+//! Starts the services (Postgres, ClickHouse, RabbitMQ and NATS, like `test`, and stops only what
+//! it started), builds the `sheaf` binary when a scenario spawns it, then runs the `sheaf-bench`
+//! binary of the `sheaf-benches` crate with the servers' URLs in the environment. Full runs build in release;
 //! `--quick` runs in the dev profile, so CI reuses the artifacts of the test build instead of
 //! compiling the workspace a second time. Results go to `target/bench/<scenario>.json` and `.svg`.
 
@@ -13,10 +13,18 @@ use anyhow::{Context, bail};
 use std::process::{Command, ExitCode};
 
 /// Every scenario the bench binary knows, in the order `all` runs them.
-pub const SCENARIOS: &[&str] = &["lookup", "parts", "queue", "delivery", "burst", "cdc"];
+pub const SCENARIOS: &[&str] = &[
+    "lookup",
+    "parts",
+    "queue",
+    "delivery",
+    "burst",
+    "cdc",
+    "destinations",
+];
 
 /// Scenarios that spawn `sheaf` processes, so the binary must be built first.
-const SPAWNS_SHEAF: &[&str] = &["delivery", "burst", "cdc"];
+const SPAWNS_SHEAF: &[&str] = &["delivery", "burst", "cdc", "destinations"];
 
 /// `cargo xtask bench …`: parses the arguments, starts the services, runs, stops what it started.
 pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {

@@ -29,7 +29,14 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 /// Every scenario of `sheaf-chaos`, in the order `all` runs them.
-pub const SCENARIOS: &[&str] = &["kill", "postgres", "clickhouse", "shutdown", "cdc"];
+pub const SCENARIOS: &[&str] = &[
+    "kill",
+    "postgres",
+    "clickhouse",
+    "shutdown",
+    "cdc",
+    "broker",
+];
 
 /// The fault suite's own Postgres cluster (version [`postgres::VERSION`]).
 pub const POSTGRES_CLUSTER: &str = "sheaf_chaos";

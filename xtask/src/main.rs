@@ -19,17 +19,18 @@ usage: cargo xtask <command>
 
 commands:
   services up        start Postgres (wal_level = logical, TLS on), a Postgres with TLS off, ClickHouse and
-                     its HTTPS front, with test certificates in ~/.cache/sheaf/tls; write target/xtask/services.env
+                     its HTTPS front (test certificates in ~/.cache/sheaf/tls), a RabbitMQ node and a
+                     NATS server with JetStream; write target/xtask/services.env
   services down      stop what `services up` started, by PID
   services status    show what is running and whether xtask started it
   test [ARGS…]       services up, every test of the workspace, `bench all --quick`, services down (ARGS go to the test runner)
   bench SCENARIO…|all [--quick]
                      services up, the mechanisms' experiments on the real servers (lookup, parts, queue, delivery,
-                     burst, cdc), services down; results in target/bench/<scenario>.json and .svg
+                     burst, cdc, destinations), services down; results in target/bench/<scenario>.json and .svg
   chaos SCENARIO…|all [--quick]
                      the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
                      target/xtask/chaos-clickhouse), started and stopped around it: kill, postgres,
-                     clickhouse, shutdown, cdc
+                     clickhouse, shutdown, cdc, broker
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
                      stop or start the fault suite's own servers (its scenarios call this)
   codegen            rewrite the generated parts of the docs (the settings table in docs/configuration.md,

@@ -7,6 +7,8 @@ mod cdc_service;
 mod delivery;
 mod delivery_queue;
 mod delivery_report;
+mod destinations;
+mod destinations_target;
 mod lookup;
 mod parts;
 mod queue;
@@ -16,7 +18,15 @@ use crate::context::Ctx;
 use crate::report::Report;
 
 /// Every scenario, in the order `all` runs them.
-pub const NAMES: &[&str] = &["lookup", "parts", "queue", "delivery", "burst", "cdc"];
+pub const NAMES: &[&str] = &[
+    "lookup",
+    "parts",
+    "queue",
+    "delivery",
+    "burst",
+    "cdc",
+    "destinations",
+];
 
 /// Runs the scenario `name`.
 pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {
@@ -27,6 +37,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {
         "delivery" => delivery::run(ctx).await,
         "burst" => burst::run(ctx).await,
         "cdc" => cdc::run(ctx).await,
+        "destinations" => Box::pin(destinations::run(ctx)).await,
         other => anyhow::bail!("unknown scenario `{other}`"),
     }
 }

@@ -57,6 +57,13 @@ impl Api {
         tenant: &str,
         url: &str,
     ) -> anyhow::Result<String> {
+        self.tenant(base, tenant).await?;
+        self.destination(base, tenant, "webhook", json!({ "url": url }))
+            .await
+    }
+
+    /// Creates (or keeps) `tenant`.
+    pub async fn tenant(&self, base: &str, tenant: &str) -> anyhow::Result<()> {
         let (status, body) = self
             .send(
                 reqwest::Method::PUT,
@@ -67,7 +74,19 @@ impl Api {
         if status != 200 && status != 201 {
             bail!("creating tenant {tenant} answered {status}: {body}");
         }
-        let destination = json!({ "type": "webhook", "topics": ["*"], "config": { "url": url } });
+        Ok(())
+    }
+
+    /// Creates a destination of type `kind` with `config` for every topic of `tenant`; returns
+    /// its id.
+    pub async fn destination(
+        &self,
+        base: &str,
+        tenant: &str,
+        kind: &str,
+        config: Value,
+    ) -> anyhow::Result<String> {
+        let destination = json!({ "type": kind, "topics": ["*"], "config": config });
         let (status, body) = self
             .send(
                 reqwest::Method::POST,
@@ -76,7 +95,7 @@ impl Api {
             )
             .await?;
         if status != 201 {
-            bail!("creating a destination answered {status}: {body}");
+            bail!("creating a {kind} destination answered {status}: {body}");
         }
         body["id"]
             .as_str()

@@ -17,7 +17,10 @@
 //! - `shutdown`: SIGTERM under load; in-flight deliveries finish, no claim is left behind, and
 //!   a new process delivers the rest;
 //! - `cdc`: the process running the CDC source is SIGKILLed while it publishes a large
-//!   transaction and started again; no change is lost or published as two events.
+//!   transaction and started again; no change is lost or published as two events;
+//! - `broker`: the RabbitMQ and NATS brokers of a rabbitmq and a nats destination (the
+//!   scenario's own processes) are stopped and started again under load; the process retries
+//!   through the outage by itself and every event reaches both brokers.
 //!
 //! The numbers each prints (published, delivered, duplicates, recovery time and the
 //! scenario's own observations) are the ones `docs/operations.md` describes.

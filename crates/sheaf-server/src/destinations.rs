@@ -6,12 +6,15 @@
 use std::sync::Arc;
 
 use sheaf_destination::Registry;
+use sheaf_nats::{Nats, NatsSettings};
+use sheaf_rabbitmq::{RabbitMq, RabbitMqSettings};
 use sheaf_webhook::{SetupError, Webhook, WebhookSettings};
 
 use crate::settings::Config;
 
-/// Every type, built from the settings they share: the delivery timeout, the private-address
-/// guard, and for webhooks the egress proxy and the extra CA file.
+/// Every type, built from the settings they share: the delivery timeout (`SHEAF_DELIVERY_TIMEOUT`)
+/// and the private-address guard (`SHEAF_ALLOW_PRIVATE_DESTINATIONS`), and for webhooks the
+/// egress proxy and the extra CA file.
 pub fn installed(config: &Config) -> anyhow::Result<Registry> {
     let webhook = Webhook::new(&WebhookSettings {
         timeout: config.delivery_timeout,
@@ -24,5 +27,16 @@ pub fn installed(config: &Config) -> anyhow::Result<Registry> {
         SetupError::Proxy(e) => anyhow::anyhow!("SHEAF_EGRESS_PROXY: {e}"),
         SetupError::Client(e) => anyhow::anyhow!("the webhook client: {e}"),
     })?;
-    Ok(Registry::new().with(Arc::new(webhook)))
+    let rabbitmq = RabbitMq::new(RabbitMqSettings {
+        timeout: config.delivery_timeout,
+        allow_private: config.allow_private_destinations,
+    });
+    let nats = Nats::new(NatsSettings {
+        timeout: config.delivery_timeout,
+        allow_private: config.allow_private_destinations,
+    });
+    Ok(Registry::new()
+        .with(Arc::new(webhook))
+        .with(Arc::new(rabbitmq))
+        .with(Arc::new(nats)))
 }

@@ -272,13 +272,21 @@ async fn unknown_fields_are_refused_by_name_and_bodies_must_be_objects() {
         ),
         ("PATCH", path.as_str(), json!({ "enabled": null })),
         ("PATCH", path.as_str(), json!({ "topics": null })),
-        ("PATCH", path.as_str(), json!({ "config": { "url": null } })),
     ] {
         let answer = admin.send(method, path, Some(body.clone())).await;
         assert_error(&answer, 400, "invalid_request");
         let message = answer.body["error"]["message"].as_str().unwrap();
         assert!(message.contains("invalid type: null"), "{body}: {message}");
     }
+    // Inside `config` the destination's type checks: a null URL is no URL.
+    let answer = admin
+        .send("PATCH", &path, Some(json!({ "config": { "url": null } })))
+        .await;
+    assert_error(&answer, 400, "invalid_config");
+    assert_eq!(
+        answer.body["error"]["message"], "config.url: must be a string",
+        "{answer:?}"
+    );
     // An array of a struct's fields is not an object, even where serde would take it.
     let answer = admin
         .send_raw(

@@ -2,6 +2,7 @@
 //!
 //! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
+//! - `brokers`: RabbitMQ and NATS JetStream destinations through `sheaf serve`, on real brokers.
 //! - `controls`: destination controls on every backend: payload filters, automatic disabling
 //!   with operator events, bulk replay.
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
@@ -18,6 +19,7 @@
 mod api;
 mod bad_input;
 mod binary;
+mod brokers;
 mod cdc;
 mod controls;
 mod delivery;

@@ -17,6 +17,11 @@
 //! ([`postgres_notls_url`]), and ClickHouse over HTTPS ([`clickhouse_https_url`]); a missing
 //! one skips outside CI and fails under it, like the plain URLs.
 //!
+//! For the suites that deliver to message brokers, `services up` runs a RabbitMQ node and a
+//! NATS server with JetStream on loopback ([`rabbitmq_url`], [`nats_url`]), shared like the
+//! databases. A test that must stop or restart a broker starts one of its own instead
+//! (`brokers`, below).
+//!
 //! Behind features, so a suite compiles only what it uses (a module's name is its feature's,
 //! but for `cdc`):
 //! - `receiver`: `receiver::Receiver`, the loopback webhook receiver every delivery test,
@@ -26,12 +31,16 @@
 //! - `postgres`: `postgres::drop_replication_slot`, for every test that creates a slot;
 //! - `clickhouse`: `clickhouse::time_ordered`, the attempts table Sheaf's layout is measured
 //!   against, and dropping a scratch database from a destructor;
-//! - `cdc`: `pgoutput`, `Relation` messages for the decoder and the reader.
+//! - `cdc`: `pgoutput`, `Relation` messages for the decoder and the reader;
+//! - `brokers`: `brokers::NatsServer` and `brokers::RabbitServer`, a test's own broker
+//!   process that it can stop, kill and start again on the same port with the same data.
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::process::Command;
 
+#[cfg(feature = "brokers")]
+pub mod brokers;
 #[cfg(feature = "clickhouse")]
 pub mod clickhouse;
 #[cfg(feature = "cdc")]
@@ -62,6 +71,10 @@ pub const TLS_OTHER_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_OTHER_CA_FILE";
 pub const TLS_CERT_FILE_VAR: &str = "SHEAF_TEST_TLS_CERT_FILE";
 /// The test server certificate's private key (PEM, EC P-256, unencrypted).
 pub const TLS_KEY_FILE_VAR: &str = "SHEAF_TEST_TLS_KEY_FILE";
+/// The shared RabbitMQ node: `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost).
+pub const RABBITMQ_URL_VAR: &str = "SHEAF_TEST_RABBITMQ_URL";
+/// The shared NATS server, with JetStream on: `nats://127.0.0.1:PORT`.
+pub const NATS_URL_VAR: &str = "SHEAF_TEST_NATS_URL";
 /// The Python interpreter of xtask's virtual environment (has `standardwebhooks`).
 pub const PYTHON_VAR: &str = "SHEAF_TEST_PYTHON";
 
@@ -126,6 +139,16 @@ pub fn postgres_notls_url(test: &str) -> Option<String> {
 /// The ClickHouse HTTPS URL, or `None` (skip) outside CI. See [`server_url`].
 pub fn clickhouse_https_url(test: &str) -> Option<String> {
     server_url(CLICKHOUSE_HTTPS_URL_VAR, test)
+}
+
+/// The shared RabbitMQ's AMQP URL, or `None` (skip) outside CI. See [`server_url`].
+pub fn rabbitmq_url(test: &str) -> Option<String> {
+    server_url(RABBITMQ_URL_VAR, test)
+}
+
+/// The shared NATS server's URL, or `None` (skip) outside CI. See [`server_url`].
+pub fn nats_url(test: &str) -> Option<String> {
+    server_url(NATS_URL_VAR, test)
 }
 
 /// The test CA's PEM file, or `None` (skip) outside CI.
@@ -205,6 +228,30 @@ macro_rules! require_postgres {
 macro_rules! require_clickhouse {
     ($test:expr) => {
         match $crate::clickhouse_url($test) {
+            Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+/// Returns from the calling test with a printed line when RabbitMQ is not configured
+/// (outside CI), and evaluates to the URL otherwise.
+#[macro_export]
+macro_rules! require_rabbitmq {
+    ($test:expr) => {
+        match $crate::rabbitmq_url($test) {
+            Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+/// Returns from the calling test with a printed line when NATS is not configured
+/// (outside CI), and evaluates to the URL otherwise.
+#[macro_export]
+macro_rules! require_nats {
+    ($test:expr) => {
+        match $crate::nats_url($test) {
             Some(url) => url,
             None => return,
         }

@@ -8,16 +8,25 @@
 //! Postgres with them, runs a second Postgres cluster with TLS off, and puts an HTTPS front
 //! (`clickhouse_https.rs`) before the shared ClickHouse; the paths and URLs go into the same
 //! env file.
+//!
+//! For the suites that deliver to message brokers it runs a RabbitMQ node (`rabbitmq.rs`) and a
+//! NATS server with JetStream (`nats.rs`), both from Debian packages, as its own processes on
+//! loopback ports of their own with their data in `target/xtask/`. Installing those packages
+//! must not start the system-wide brokers they ship ([`install_without_starting`]).
 
 pub mod clickhouse;
 pub use clickhouse::venv_python;
 pub mod clickhouse_https;
+pub mod nats;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod tls;
 
-use crate::process::state_dir;
-use anyhow::Context;
+use crate::process::{apt_install, as_root, output_of, run_captured, state_dir};
+use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
 
 /// The variables the test suites read.
 pub const POSTGRES_URL_VAR: &str = "SHEAF_TEST_POSTGRES_URL";
@@ -33,6 +42,10 @@ pub const TLS_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_CA_FILE";
 pub const TLS_OTHER_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_OTHER_CA_FILE";
 pub const TLS_CERT_FILE_VAR: &str = "SHEAF_TEST_TLS_CERT_FILE";
 pub const TLS_KEY_FILE_VAR: &str = "SHEAF_TEST_TLS_KEY_FILE";
+/// xtask's RabbitMQ node: `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost `/`).
+pub const RABBITMQ_URL_VAR: &str = "SHEAF_TEST_RABBITMQ_URL";
+/// xtask's NATS server with JetStream: `nats://127.0.0.1:PORT`.
+pub const NATS_URL_VAR: &str = "SHEAF_TEST_NATS_URL";
 
 /// What `up` found or started.
 #[derive(Debug)]
@@ -50,11 +63,20 @@ pub struct Started {
     pub clickhouse: bool,
     /// The HTTPS front of the shared ClickHouse.
     pub clickhouse_https: bool,
+    /// The RabbitMQ node (with the `epmd` it registers with).
+    pub rabbitmq: bool,
+    /// The NATS server with JetStream.
+    pub nats: bool,
 }
 
 impl Started {
     fn any(self) -> bool {
-        self.postgres || self.postgres_notls || self.clickhouse || self.clickhouse_https
+        self.postgres
+            || self.postgres_notls
+            || self.clickhouse
+            || self.clickhouse_https
+            || self.rabbitmq
+            || self.nats
     }
 }
 
@@ -98,6 +120,9 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
     clickhouse::ensure_venv().context("python environment")?;
     let ch = clickhouse::up().context("clickhouse")?;
     let ch_https = clickhouse_https::up(ch.port, &tls).context("clickhouse over https")?;
+    ensure_brokers_installed().context("the message brokers' packages")?;
+    let rabbit = rabbitmq::up().context("rabbitmq")?;
+    let nats = nats::up().context("nats")?;
     let path = |p: &Path| p.display().to_string();
     let vars = vec![
         (POSTGRES_URL_VAR, pg.url.clone()),
@@ -109,6 +134,8 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
         (TLS_OTHER_CA_FILE_VAR, path(&tls.other_ca)),
         (TLS_CERT_FILE_VAR, path(&tls.cert)),
         (TLS_KEY_FILE_VAR, path(&tls.key)),
+        (RABBITMQ_URL_VAR, rabbit.url),
+        (NATS_URL_VAR, nats.url),
     ];
     let env = ServicesEnv {
         vars,
@@ -117,6 +144,8 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
             postgres_notls: pg_notls.started,
             clickhouse: ch.started,
             clickhouse_https: ch_https.started,
+            rabbitmq: rabbit.started,
+            nats: nats.started,
         },
     };
     std::fs::write(env_file(), env.env_text()).context("cannot write the env file")?;
@@ -130,15 +159,19 @@ pub fn down() -> anyhow::Result<()> {
         postgres_notls: true,
         clickhouse: true,
         clickhouse_https: true,
+        rabbitmq: true,
+        nats: true,
     })
 }
 
 /// Stops the chosen services, if (and only if) xtask started them.
 pub fn stop(which: Started) -> anyhow::Result<()> {
-    // Stop all even if one fails, then report the first failure. The front goes before the
-    // server behind it.
+    // Stop all even if one fails, then report the first failure: in the reverse order of `up`,
+    // so the front goes before the server behind it.
     type Stop = fn() -> anyhow::Result<()>;
-    let steps: [(bool, &str, Stop); 4] = [
+    let steps: [(bool, &str, Stop); 6] = [
+        (which.nats, "nats", nats::down),
+        (which.rabbitmq, "rabbitmq", rabbitmq::down),
         (
             which.clickhouse_https,
             "clickhouse's https front",
@@ -170,5 +203,110 @@ pub fn status() -> anyhow::Result<()> {
     postgres::status()?;
     clickhouse::status()?;
     clickhouse_https::status()?;
+    rabbitmq::status()?;
+    nats::status()?;
+    if left_policy() {
+        println!(
+            "apt:        {POLICY_RC_D} of an interrupted install is still there and keeps every service from starting; the next `up` that installs a package removes it"
+        );
+    }
+    Ok(())
+}
+
+/// Installs whichever broker packages are missing, in one apt run (one `apt-get update` on a
+/// fresh machine, not two), and prints how long it took.
+fn ensure_brokers_installed() -> anyhow::Result<()> {
+    let missing: Vec<&str> = [rabbitmq::missing_package(), nats::missing_package()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let started_at = Instant::now();
+    install_without_starting(&missing)?;
+    println!(
+        "xtask: installed {} in {:.1} s",
+        missing.join(" "),
+        started_at.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Where Debian's `invoke-rc.d` and `deb-systemd-invoke` ask whether a maintainer script may
+/// start a service; exit status 101 means "forbidden by policy".
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
+/// The whole policy xtask writes: a file with exactly this text is one of ours.
+const OUR_POLICY: &str = "#!/bin/sh
+# Written by `cargo xtask services up` for the length of one apt install, then removed:
+# no package may start its service meanwhile (101: forbidden by policy).
+exit 101
+";
+
+/// Whether a policy of ours outlived the install it was written for (xtask was killed).
+fn left_policy() -> bool {
+    std::fs::read_to_string(POLICY_RC_D).is_ok_and(|text| text == OUR_POLICY)
+}
+
+/// Installs Debian packages without letting them start their services.
+///
+/// `rabbitmq-server`'s maintainer script starts a system-wide broker (`invoke-rc.d
+/// rabbitmq-server start`, as the `rabbitmq` user on 5672 on every interface, with its own
+/// cookie and data in `/var/lib/rabbitmq`), and on a systemd machine `nats-server` and
+/// `erlang-base` (`epmd`) start theirs too. The suites need none of them: they use the nodes
+/// xtask runs itself. Denying the start up front, with a `policy-rc.d` that exits 101 for the
+/// length of the install, means no such broker ever runs, not even for the seconds between
+/// the install and a stop; stopping it afterwards instead would race with a start-up that
+/// outlives the maintainer script, and would stop a service by its name rather than by what
+/// we know we started. A `policy-rc.d` the machine already has (Docker images ship one that
+/// denies everything) is left alone when it denies the start, and is never replaced: one that
+/// allows it is someone's decision, so the install stops with a message instead.
+///
+/// The policy does not keep systemd from starting the units the packages enabled at the next
+/// boot, so on a systemd machine the installed packages' units are disabled afterwards.
+/// (`erlang-base`'s `epmd.socket` stays enabled: a name server, not a broker.)
+pub fn install_without_starting(packages: &[&str]) -> anyhow::Result<()> {
+    let ours = if left_policy() {
+        println!("xtask: reusing the {POLICY_RC_D} an interrupted install left behind");
+        true
+    } else if Path::new(POLICY_RC_D).exists() {
+        let verdict = output_of(Command::new(POLICY_RC_D).args(["rabbitmq-server", "start"]))?;
+        if verdict.status.code() != Some(101) {
+            bail!(
+                "{POLICY_RC_D} exists and allows services to start ({}), so installing {} would start a system-wide broker; install them by hand, stop their services, and run `cargo xtask services up` again",
+                verdict.status,
+                packages.join(" ")
+            );
+        }
+        false
+    } else {
+        let draft = state_dir().join("policy-rc.d");
+        std::fs::write(&draft, OUR_POLICY)?;
+        run_captured(
+            as_root("install")
+                .args(["-m", "0755"])
+                .arg(&draft)
+                .arg(POLICY_RC_D),
+        )
+        .context("cannot write a policy-rc.d that keeps the install from starting brokers")?;
+        let _ = std::fs::remove_file(draft);
+        true
+    };
+    let installed = apt_install(packages);
+    // Removed whether the install worked or not, and only while it is still ours.
+    if ours && left_policy() {
+        run_captured(as_root("rm").args(["-f", POLICY_RC_D]))
+            .with_context(|| format!("cannot remove {POLICY_RC_D}; remove it by hand"))?;
+    }
+    installed?;
+    if Path::new("/run/systemd/system").is_dir() {
+        // Only the units of the packages this call installed: a broker the machine had before
+        // is its owner's. Both brokers' units are named after their packages.
+        for package in packages {
+            let unit = format!("{package}.service");
+            // Quietly: a package without a unit is no failure.
+            let _ = output_of(as_root("systemctl").args(["disable", "--quiet", &unit]));
+        }
+    }
     Ok(())
 }

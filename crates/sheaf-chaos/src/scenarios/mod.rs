@@ -1,6 +1,8 @@
 //! The scenarios, and what they share: reading the queue table directly, waiting for the
 //! receiver, and the checks every scenario ends with.
 
+mod broker;
+mod broker_clients;
 mod cdc;
 mod clickhouse;
 mod kill;
@@ -18,7 +20,14 @@ use crate::env::Ctx;
 use crate::report::{Report, secs};
 
 /// Every scenario, in the order `all` runs them (the same list as xtask's).
-pub const NAMES: &[&str] = &["kill", "postgres", "clickhouse", "shutdown", "cdc"];
+pub const NAMES: &[&str] = &[
+    "kill",
+    "postgres",
+    "clickhouse",
+    "shutdown",
+    "cdc",
+    "broker",
+];
 
 /// The `'static` spelling of a scenario name.
 pub fn static_name(name: &str) -> &'static str {
@@ -33,6 +42,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "clickhouse" => Box::pin(clickhouse::run(ctx)).await,
         "shutdown" => Box::pin(shutdown::run(ctx)).await,
         "cdc" => Box::pin(cdc::run(ctx)).await,
+        "broker" => Box::pin(broker::run(ctx)).await,
         other => anyhow::bail!("unknown scenario {other}"),
     }
 }
@@ -133,6 +143,12 @@ async fn settle(
         &receiver.first_successes(),
         receiver.duplicates(),
     );
+    drained(ctx, report, schema).await
+}
+
+/// The checks every scenario ends with once everything is delivered: no job left in the
+/// queue, none dead-lettered, and the outbox shipped to the log store.
+async fn drained(ctx: &Ctx, report: &mut Report, schema: &str) -> anyhow::Result<()> {
     // Completions are written a few milliseconds after the delivery; give them a moment.
     let mut left = jobs_left(ctx, schema).await?;
     for _ in 0..100 {

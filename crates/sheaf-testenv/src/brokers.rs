@@ -1,0 +1,538 @@
+//! Message brokers a test owns: a NATS server with JetStream ([`NatsServer`]) and a RabbitMQ
+//! node ([`RabbitServer`]), each a child process on loopback ports of its own with its data in
+//! a scratch directory, for the tests and fault scenarios that must see a broker go away and
+//! come back. The shared brokers of `cargo xtask services up` are for everything else: stopping
+//! one of those would break every other suite that uses it.
+//!
+//! [`stop`](NatsServer::stop) is a graceful stop (SIGTERM by PID, a bounded wait, then
+//! SIGKILL), [`kill`](NatsServer::kill) a crash (SIGKILL), and
+//! [`restart`](NatsServer::restart) starts the broker again on the same port with the same
+//! data directory, so JetStream streams and RabbitMQ's durable exchanges and queues are there
+//! again, and a client that reconnects to the same URL finds the same broker. Dropping the
+//! value kills the broker and removes its directory. Everything here is std and synchronous:
+//! starting a broker is a matter of seconds, not something to overlap with other work.
+//!
+//! The binaries come from Debian's packages, which `cargo xtask services up` installs:
+//! `nats-server` (on `PATH`, or `/usr/sbin/nats-server`) and `rabbitmq-server`, whose node is
+//! started the way xtask starts its own (its `services/rabbitmq.rs` says why each setting is
+//! there): the server script in `/usr/lib/rabbitmq/bin/`, not Debian's `/usr/sbin` wrapper
+//! (which switches to the `rabbitmq` user and `/var/lib/rabbitmq`), with its config, plugins
+//! file, mnesia, logs and `HOME` (the Erlang cookie) in the scratch directory, and an `epmd` of
+//! its own on a loopback port, which stays up across the node's restarts.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+/// How long a NATS server may take to answer (it answers within a fraction of a second).
+const NATS_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a RabbitMQ node may take to boot: about 6 s on a 2-core machine, the first boot
+/// (which creates the schema) included; the rest is room for a loaded machine.
+const RABBIT_START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a graceful stop may take before SIGKILL: NATS exits at once, RabbitMQ in seconds.
+const NATS_STOP_GRACE: Duration = Duration::from_secs(10);
+const RABBIT_STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// The server script of Debian's `rabbitmq-server`.
+const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+
+/// The `nats-server` binary: on `PATH`, else where Debian installs it (`/usr/sbin` is not on
+/// every user's `PATH`); an error naming the package when there is none.
+pub fn nats_server_binary() -> anyhow::Result<PathBuf> {
+    on_path("nats-server")
+        .or_else(|| Some(PathBuf::from("/usr/sbin/nats-server")).filter(|p| p.is_file()))
+        .context(
+            "nats-server is not installed: install the Debian package nats-server (`cargo xtask services up` does)",
+        )
+}
+
+/// The RabbitMQ server script: Debian's in `/usr/lib/rabbitmq/bin/`, else a `rabbitmq-server`
+/// on `PATH` that is not Debian's wrapper; an error naming the package when there is none.
+pub fn rabbitmq_server_binary() -> anyhow::Result<PathBuf> {
+    let debian = PathBuf::from(RABBITMQ_SERVER);
+    if debian.is_file() {
+        return Ok(debian);
+    }
+    let on_path = on_path("rabbitmq-server").filter(|path| {
+        std::fs::canonicalize(path).is_ok_and(|real| !real.ends_with("rabbitmq-script-wrapper"))
+    });
+    on_path.context(
+        "rabbitmq-server is not installed: install the Debian package rabbitmq-server (`cargo xtask services up` does)",
+    )
+}
+
+/// Erlang's port mapper, which `rabbitmq-server` depends on (package `erlang-base`).
+fn epmd_binary() -> anyhow::Result<PathBuf> {
+    on_path("epmd")
+        .or_else(|| Some(PathBuf::from("/usr/lib/erlang/bin/epmd")).filter(|p| p.is_file()))
+        .context("epmd is not installed: install the Debian package erlang-base")
+}
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+}
+
+/// `N` distinct loopback ports that are free right now: all are held until all are
+/// chosen, so the kernel never hands out one twice.
+fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind(("127.0.0.1", 0)))
+        .collect::<Result<_, _>>()
+        .context("no free loopback port")?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+/// A new directory under the system's temporary directory, named `prefix_<random>`.
+fn scratch_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(crate::unique_name(prefix));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Whether something accepts TCP connections on this loopback port, within 1 s.
+pub fn accepts(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+}
+
+/// The `INFO` line a NATS server on `port` greets a client with, within 2 s.
+pub fn nats_info(port: u16) -> std::io::Result<String> {
+    let timeout = Duration::from_secs(2);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    if !line.starts_with("INFO ") {
+        return Err(std::io::Error::other(format!(
+            "not a NATS greeting: {line:?}"
+        )));
+    }
+    Ok(line.trim_end().to_owned())
+}
+
+/// Whether a broker on `port` answers the AMQP 0-9-1 protocol header with `Connection.Start`
+/// (a method frame on channel 0, class 10, method 10), within 2 s. RabbitMQ opens its listener
+/// last in its boot, so this is its readiness.
+pub fn amqp_answers(port: u16) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let timeout = Duration::from_secs(2);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        stream.write_all(b"AMQP\x00\x00\x09\x01")?;
+        let mut head = [0u8; 11];
+        stream.read_exact(&mut head)?;
+        Ok(head[0] == 1 && head[1..3] == [0, 0] && head[7..11] == [0, 10, 0, 10])
+    };
+    attempt().unwrap_or(false)
+}
+
+/// The last `lines` lines of a log file, for an error message.
+fn tail(path: &Path, lines: usize) -> String {
+    tail_of(&std::fs::read_to_string(path).unwrap_or_default(), lines)
+}
+
+/// The last `lines` lines of `text`.
+fn tail_of(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A log file the child appends to, so a restart keeps what the last run said.
+fn append_to(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    Ok((file.try_clone()?.into(), file.into()))
+}
+
+/// SIGTERM (by PID, with the `kill` utility), a wait of at most `grace`, then SIGKILL; returns
+/// once the child is reaped.
+fn terminate(child: &mut Child, grace: Duration) -> anyhow::Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
+    let pid = child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .context("cannot run kill")?;
+    if !status.success() {
+        bail!("kill -TERM {pid} failed ({status})");
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_and_reap(child);
+    Ok(())
+}
+
+/// Kills `child` (SIGKILL to its PID) if it still runs, and reaps it.
+fn kill_and_reap(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A NATS server with JetStream on 127.0.0.1, owned by the test; killed and its store removed
+/// when dropped.
+#[derive(Debug)]
+pub struct NatsServer {
+    binary: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a server on a free loopback port with its JetStream store in a new scratch
+    /// directory, and waits until it greets a client with JetStream on.
+    pub fn start() -> anyhow::Result<Self> {
+        let binary = nats_server_binary()?;
+        let [port] = free_ports()?;
+        let mut server = Self {
+            binary,
+            dir: scratch_dir("sheaf_nats")?,
+            port,
+            child: None,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:<port>`, the same across restarts.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The client port, the same across restarts.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The JetStream store directory, the same across restarts.
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.join("store")
+    }
+
+    /// The PID of the running server, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Everything the server logged, over all its runs.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// A graceful stop: SIGTERM, at most 10 s, then SIGKILL. Returns once the process is gone.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        match self.child.take() {
+            Some(mut child) => terminate(&mut child, NATS_STOP_GRACE),
+            None => Ok(()),
+        }
+    }
+
+    /// A crash: SIGKILL, no chance to flush or say goodbye. Returns once the process is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+    }
+
+    /// Starts the server again on the same port with the same store (stopping it first if it
+    /// runs), and waits until it answers.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop()?;
+        self.spawn()
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log_path = self.dir.join("server.log");
+        let (stdout, stderr) = append_to(&log_path)?;
+        let mut child = Command::new(&self.binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .arg("-sd")
+            .arg(self.store_dir())
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.binary.display()))?;
+        let deadline = Instant::now() + NATS_START_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "nats-server exited during start-up on port {} ({status}); is the port taken? its log:\n{}",
+                    self.port,
+                    tail(&log_path, 20)
+                );
+            }
+            if nats_info(self.port).is_ok_and(|info| info.contains(r#""jetstream":true"#)) {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                kill_and_reap(&mut child);
+                bail!(
+                    "nats-server did not answer with JetStream on port {} within {NATS_START_TIMEOUT:?}; its log:\n{}",
+                    self.port,
+                    tail(&log_path, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A RabbitMQ node on 127.0.0.1 (AMQP 0-9-1, `guest` on the default vhost), owned by the test,
+/// with an `epmd` of its own; both killed and the node's directory removed when dropped.
+#[derive(Debug)]
+pub struct RabbitServer {
+    server: PathBuf,
+    dir: PathBuf,
+    node: String,
+    amqp_port: u16,
+    dist_port: u16,
+    epmd_port: u16,
+    epmd: Child,
+    child: Option<Child>,
+}
+
+impl RabbitServer {
+    /// Starts a node with its own name, ports and data directory, and waits (at most 60 s)
+    /// until it answers AMQP.
+    pub fn start() -> anyhow::Result<Self> {
+        let server = rabbitmq_server_binary()?;
+        let epmd_bin = epmd_binary()?;
+        let [amqp_port, dist_port, epmd_port] = free_ports()?;
+        let dir = scratch_dir("sheaf_rabbitmq")?;
+        let epmd = match start_epmd(&epmd_bin, &dir, epmd_port) {
+            Ok(epmd) => epmd,
+            Err(err) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(err);
+            }
+        };
+        let node = format!(
+            "{}@localhost",
+            dir.file_name()
+                .and_then(|name| name.to_str())
+                .unwrap_or("sheaf_rabbitmq")
+        );
+        let mut rabbit = Self {
+            server,
+            dir,
+            node,
+            amqp_port,
+            dist_port,
+            epmd_port,
+            epmd,
+            child: None,
+        };
+        rabbit.write_config()?;
+        rabbit.spawn()?;
+        Ok(rabbit)
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:<port>/%2f`, the same across restarts.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+    }
+
+    /// The AMQP port, the same across restarts.
+    pub fn port(&self) -> u16 {
+        self.amqp_port
+    }
+
+    /// The node's name (`<name>@localhost`).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The node's data directory (mnesia, the message stores), the same across restarts.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("mnesia")
+    }
+
+    /// The PID of the running node (the Erlang VM), if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// What the node logged, over all its runs (its own log file, then its stdout and stderr).
+    pub fn log(&self) -> String {
+        let node_log = self.dir.join("log").join(format!("{}.log", self.node));
+        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+        format!("{}{}", read(&node_log), read(&self.dir.join("server.log")))
+    }
+
+    /// A graceful stop: SIGTERM (RabbitMQ then closes its connections and flushes its
+    /// queues), at most 30 s, then SIGKILL. Returns once the process is gone; `epmd` stays.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        match self.child.take() {
+            Some(mut child) => terminate(&mut child, RABBIT_STOP_GRACE),
+            None => Ok(()),
+        }
+    }
+
+    /// A crash: SIGKILL. Returns once the process is gone; the next start recovers the
+    /// durable state from disk.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+    }
+
+    /// Starts the node again with the same name, ports and data (stopping it first if it
+    /// runs), and waits until it answers AMQP.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop()?;
+        if self.epmd.try_wait()?.is_some() {
+            self.epmd = start_epmd(&epmd_binary()?, &self.dir, self.epmd_port)?;
+        }
+        self.spawn()
+    }
+
+    fn write_config(&self) -> anyhow::Result<()> {
+        let write = |name: &str, text: String| {
+            let path = self.dir.join(name);
+            std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        };
+        write(
+            "rabbitmq.conf",
+            format!("listeners.tcp.default = 127.0.0.1:{}\n", self.amqp_port),
+        )?;
+        write("enabled_plugins", "[].\n".to_owned())?;
+        write("rabbitmq-env.conf", String::new())?;
+        std::fs::create_dir_all(self.dir.join("log"))?;
+        Ok(())
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log_path = self.dir.join("server.log");
+        let (stdout, stderr) = append_to(&log_path)?;
+        let mut command = Command::new(&self.server);
+        // The caller's own RABBITMQ_* and ERL_* settings must not change this node.
+        for (name, _) in std::env::vars_os() {
+            let bytes = name.as_encoded_bytes();
+            if bytes.starts_with(b"RABBITMQ_")
+                || bytes.starts_with(b"ERL_")
+                || name == "NOTIFY_SOCKET"
+            {
+                command.env_remove(name);
+            }
+        }
+        let dir = &self.dir;
+        let mut child = command
+            .args(["-kernel", "inet_dist_use_interface", "{127,0,0,1}"])
+            .env("HOME", dir)
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.amqp_port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+            .env("RABBITMQ_ADVANCED_CONFIG_FILE", dir.join("advanced.config"))
+            .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            // The script `exec`s the VM: the child's PID is the broker's.
+            .env("RUNNING_UNDER_SYSTEMD", "true")
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.server.display()))?;
+        let deadline = Instant::now() + RABBIT_START_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "rabbitmq {} exited during start-up on port {} ({status}); is a port taken? its log:\n{}",
+                    self.node,
+                    self.amqp_port,
+                    tail_of(&self.log(), 30)
+                );
+            }
+            if amqp_answers(self.amqp_port) {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                kill_and_reap(&mut child);
+                bail!(
+                    "rabbitmq {} did not answer AMQP on port {} within {RABBIT_START_TIMEOUT:?}; its log:\n{}",
+                    self.node,
+                    self.amqp_port,
+                    tail_of(&self.log(), 30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for RabbitServer {
+    fn drop(&mut self) {
+        self.kill();
+        kill_and_reap(&mut self.epmd);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An `epmd` on 127.0.0.1:`port`, once it accepts connections (at most 10 s).
+fn start_epmd(binary: &Path, dir: &Path, port: u16) -> anyhow::Result<Child> {
+    let log_path = dir.join("epmd.log");
+    let (stdout, stderr) = append_to(&log_path)?;
+    let mut child = Command::new(binary)
+        .args(["-address", "127.0.0.1", "-port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !accepts(port) {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "epmd exited during start-up on port {port} ({status}); its log:\n{}",
+                tail(&log_path, 20)
+            );
+        }
+        if Instant::now() > deadline {
+            kill_and_reap(&mut child);
+            bail!("epmd did not listen on port {port} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child)
+}
