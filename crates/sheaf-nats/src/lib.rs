@@ -37,6 +37,7 @@ mod pool;
 mod publish;
 mod tls;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -64,15 +65,31 @@ pub struct NatsSettings {
 pub struct Nats {
     settings: NatsSettings,
     pool: pool::Pool,
+    /// What `tls://` (and a `nats://` server that asks for TLS) is verified against.
+    roots: Arc<rustls::RootCertStore>,
 }
 
 impl Nats {
     /// A NATS destination type with `settings`; it connects on the first delivery.
     pub fn new(settings: NatsSettings) -> Nats {
+        let roots = sheaf_tls::roots(None).expect("the bundled roots need no file");
         Nats {
             settings,
             pool: pool::Pool::default(),
+            roots: Arc::new(roots),
         }
+    }
+
+    /// The same type, trusting the CA certificates in `path` (PEM) besides the bundled roots
+    /// for `tls://` servers behind a private CA.
+    ///
+    /// # Errors
+    /// [`sheaf_tls::CaFileError`], naming the file and what is wrong with it.
+    pub fn with_ca_file(self, path: &std::path::Path) -> Result<Nats, sheaf_tls::CaFileError> {
+        Ok(Nats {
+            roots: Arc::new(sheaf_tls::roots(Some(path))?),
+            ..self
+        })
     }
 
     /// How many connections were opened so far, for tests that check they are kept.
@@ -127,7 +144,8 @@ impl DestinationType for Nats {
     async fn validate(&self, config: &Value) -> Result<Value, ConfigError> {
         let target = Target::parse(config)?;
         if target.tls {
-            tls::client_config(&target.host).map_err(|m| ConfigError::new("url", m))?;
+            tls::client_config(&target.host, &self.roots)
+                .map_err(|m| ConfigError::new("url", m))?;
         }
         guard::check_host(
             &target.shown,
@@ -163,7 +181,13 @@ impl DestinationType for Nats {
         let outcome = tokio::time::timeout(timeout, async {
             let connection = self
                 .pool
-                .connection(message.destination_id, config, &target, &self.settings)
+                .connection(
+                    message.destination_id,
+                    config,
+                    &target,
+                    &self.settings,
+                    &self.roots,
+                )
                 .await?;
             phase = Phase::Acknowledging;
             publish::publish(&connection.jetstream, &target, headers, payload).await

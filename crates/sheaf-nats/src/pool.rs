@@ -73,6 +73,7 @@ impl Pool {
         config: &Value,
         target: &Target,
         settings: &NatsSettings,
+        roots: &Arc<rustls::RootCertStore>,
     ) -> Result<Connection, Failure> {
         let slot = self.slot(destination, config);
         let mut kept = slot.connection.lock().await;
@@ -85,7 +86,7 @@ impl Pool {
                 }
             }
         }
-        let connection = open(target, settings).await?;
+        let connection = open(target, settings, roots).await?;
         self.opened.fetch_add(1, Ordering::Relaxed);
         *kept = Some(connection.clone());
         Ok(connection)
@@ -123,7 +124,11 @@ impl Pool {
 
 /// Opens a connection to the target: to the addresses the guard approved, never to a name
 /// async-nats would resolve itself, nor to servers a cluster advertises.
-async fn open(target: &Target, settings: &NatsSettings) -> Result<Connection, Failure> {
+async fn open(
+    target: &Target,
+    settings: &NatsSettings,
+    roots: &Arc<rustls::RootCertStore>,
+) -> Result<Connection, Failure> {
     let shown = &target.shown;
     let addresses = guard::resolve_public(&target.host, target.port, settings.allow_private)
         .await
@@ -146,7 +151,7 @@ async fn open(target: &Target, settings: &NatsSettings) -> Result<Connection, Fa
         .require_tls(target.tls);
     // Always given, not only for tls://: a nats:// server may require TLS, and the client then
     // upgrades with this configuration, so the certificate is checked for the configured host.
-    match crate::tls::client_config(&target.host) {
+    match crate::tls::client_config(&target.host, roots) {
         Ok(tls) => options = options.tls_client_config(tls),
         Err(e) if target.tls => return Err(Failure::permanent(format!("{shown}: {e}"))),
         Err(_) => {}

@@ -13,16 +13,19 @@ use std::sync::Arc;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-/// A client configuration that trusts the bundled webpki roots and verifies certificates for
-/// `host` (a name, or an IP literal without brackets).
-pub(crate) fn client_config(host: &str) -> Result<ClientConfig, String> {
+/// A client configuration that trusts `roots` (the bundled webpki roots, plus an operator's CA
+/// file when one was given) and verifies certificates for `host` (a name, or an IP literal
+/// without brackets).
+pub(crate) fn client_config(
+    host: &str,
+    roots: &Arc<RootCertStore>,
+) -> Result<ClientConfig, String> {
     let name = ServerName::try_from(host.to_owned())
         .map_err(|e| format!("{host:?} cannot be checked against a TLS certificate: {e}"))?;
     let provider = sheaf_tls::provider();
-    let roots = sheaf_tls::roots(None).map_err(|e| e.to_string())?;
-    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+    let inner = WebPkiServerVerifier::builder_with_provider(Arc::clone(roots), provider.clone())
         .build()
         .map_err(|e| format!("the TLS verifier cannot be built: {e}"))?;
     let config = ClientConfig::builder_with_provider(provider)
@@ -83,9 +86,24 @@ mod tests {
 
     #[test]
     fn configs_build_for_names_and_ip_literals() {
-        assert!(client_config("broker.example").is_ok());
-        assert!(client_config("127.0.0.1").is_ok());
-        assert!(client_config("::1").is_ok());
-        assert!(client_config("bad name!").is_err());
+        let roots = Arc::new(sheaf_tls::roots(None).unwrap());
+        assert!(client_config("broker.example", &roots).is_ok());
+        assert!(client_config("127.0.0.1", &roots).is_ok());
+        assert!(client_config("::1", &roots).is_ok());
+        assert!(client_config("bad name!", &roots).is_err());
+    }
+
+    #[test]
+    fn a_ca_file_that_does_not_load_names_the_file() {
+        let path = std::env::temp_dir().join("sheaf-nats-no-such-ca.pem");
+        let nats = crate::Nats::new(crate::NatsSettings {
+            timeout: std::time::Duration::from_secs(1),
+            allow_private: true,
+        });
+        let err = nats.with_ca_file(&path).unwrap_err();
+        assert!(
+            err.to_string().contains("sheaf-nats-no-such-ca.pem"),
+            "{err}"
+        );
     }
 }

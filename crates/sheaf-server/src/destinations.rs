@@ -14,7 +14,8 @@ use crate::settings::Config;
 
 /// Every type, built from the settings they share: the delivery timeout (`SHEAF_DELIVERY_TIMEOUT`)
 /// and the private-address guard (`SHEAF_ALLOW_PRIVATE_DESTINATIONS`), and for webhooks the
-/// egress proxy and the extra CA file.
+/// egress proxy; the extra CA file (`SHEAF_TLS_CA_FILE`) is trusted by webhooks and by the
+/// brokers' `amqps://` and `tls://` alike.
 pub fn installed(config: &Config) -> anyhow::Result<Registry> {
     let webhook = Webhook::new(&WebhookSettings {
         timeout: config.delivery_timeout,
@@ -27,14 +28,20 @@ pub fn installed(config: &Config) -> anyhow::Result<Registry> {
         SetupError::Proxy(e) => anyhow::anyhow!("SHEAF_EGRESS_PROXY: {e}"),
         SetupError::Client(e) => anyhow::anyhow!("the webhook client: {e}"),
     })?;
-    let rabbitmq = RabbitMq::new(RabbitMqSettings {
+    let mut rabbitmq = RabbitMq::new(RabbitMqSettings {
         timeout: config.delivery_timeout,
         allow_private: config.allow_private_destinations,
     });
-    let nats = Nats::new(NatsSettings {
+    let mut nats = Nats::new(NatsSettings {
         timeout: config.delivery_timeout,
         allow_private: config.allow_private_destinations,
     });
+    if let Some(path) = &config.tls_ca_file {
+        // Brokers behind a private CA, as for Postgres, ClickHouse and webhooks.
+        let named = |e: sheaf_tls::CaFileError| anyhow::anyhow!("SHEAF_TLS_CA_FILE: {e}");
+        rabbitmq = rabbitmq.with_ca_file(path).map_err(named)?;
+        nats = nats.with_ca_file(path).map_err(named)?;
+    }
     Ok(Registry::new()
         .with(Arc::new(webhook))
         .with(Arc::new(rabbitmq))

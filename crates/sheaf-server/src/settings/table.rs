@@ -336,7 +336,7 @@ pub const DELIVERY_WORKERS: Setting = setting(
     "SHEAF_DELIVERY_WORKERS",
     Some("32"),
     Kind::Integer { min: 0, max: 4096 },
-    "Concurrent webhook deliveries per process; also the capacity of the channel from the dispatcher to the workers. 0 runs no dispatcher and no workers: the process serves the API (and the CDC source) and leaves every delivery to other processes sharing a `postgres` queue (with the `memory` queue nothing delivers, which only tests want; the log warns).",
+    "Concurrent deliveries per process, to destinations of every type; also the capacity of the channel from the dispatcher to the workers. 0 runs no dispatcher and no workers: the process serves the API (and the CDC source) and leaves every delivery to other processes sharing a `postgres` queue (with the `memory` queue nothing delivers, which only tests want; the log warns).",
 );
 // Long enough for a slow receiver, short enough that a hung one ties up a worker for seconds,
 // not minutes; the lease (below) must outlast it.
@@ -503,7 +503,7 @@ pub const TLS_CA_FILE: Setting = setting(
     "SHEAF_TLS_CA_FILE",
     None,
     Kind::Text("path to a PEM file of one or more CA certificates"),
-    "CA certificates trusted besides the public roots by every TLS connection Sheaf makes: Postgres and the replication stream (where the URL names no `sslrootcert` of its own), ClickHouse over `https://`, and webhook receivers (which also trust the system's roots). Read at start: a file that cannot be read or holds no usable certificate stops start-up.",
+    "CA certificates trusted besides the public roots by every TLS connection Sheaf makes: Postgres and the replication stream (where the URL names no `sslrootcert` of its own), ClickHouse over `https://`, webhook receivers (which also trust the system's roots) and RabbitMQ and NATS destinations over `amqps://` and `tls://`. Read at start: a file that cannot be read or holds no usable certificate stops start-up.",
 );
 /// `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES`.
 pub const DESTINATION_DISABLE_AFTER_FAILURES: Setting = setting(
