@@ -292,7 +292,9 @@ async fn a_transaction_of_exactly_the_cap_is_stamped_with_its_commit() {
         split.ack();
         rest.ack();
         stream.shutdown().await.expect("shutdown");
-        assert!(pg.confirmed_flush_lsn().await.unwrap() >= end.max(commit_end));
+        // The last status update is on its way when `shutdown` returns; the walsender records
+        // it when it reads it, so the slot is read until it shows (bounded).
+        pg.wait_confirmed(end.max(commit_end)).await;
 
         // Nothing acknowledged comes back after a restart.
         let mut stream = CdcSource::start(config).await.expect("restart");
@@ -337,11 +339,9 @@ async fn a_1500_row_transaction_arrives_in_batches_without_loss_or_replay_across
         );
         stream.shutdown().await.expect("shutdown");
         // At least the commit's end was reported before the stop; a keepalive between
-        // transactions may have confirmed the server's sent position beyond it.
-        assert!(
-            pg.confirmed_flush_lsn().await.unwrap() >= last,
-            "the commit's end was reported before the stop"
-        );
+        // transactions may have confirmed the server's sent position beyond it. The report
+        // is on its way when `shutdown` returns, so the slot is read until it shows it.
+        pg.wait_confirmed(last).await;
 
         let mut stream = CdcSource::start(config)
             .await
@@ -387,7 +387,7 @@ async fn stopped_mid_transaction_without_ack_then_restarted_delivers_at_least_on
         drop(held);
         // The first transaction is confirmed; the open one is not (a keepalive between
         // the two may have confirmed a position past the first, but never its commit).
-        let confirmed = pg.confirmed_flush_lsn().await.unwrap();
+        let confirmed = pg.wait_confirmed(acked_until).await;
         assert!(
             confirmed >= acked_until && confirmed <= open_commit,
             "{confirmed} outside {acked_until}..={open_commit}"
