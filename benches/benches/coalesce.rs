@@ -12,6 +12,12 @@
 //! - `adaptive`: `max_batch = 100`, the service's limit; batches form only while a query
 //!   is in flight.
 //!
+//! `lone_lookup_at_idle`: one lookup at a time, each after a quiet spell longer than the
+//! batch wait, against a backend whose query takes 2 ms: what a single retry lookup costs on
+//! an idle service with coalescing off, fixed (50 keys / 50 ms) and adaptive gathering under
+//! load (the service's `SHEAF_RETRY_LOOKUP_ADAPTIVE=true`). Only the lookups are timed, not the
+//! quiet spells between them.
+//!
 //! `write_throughput`: 8 writers hand off batches to a `WriteCoalescer` over a no-op
 //! writer; throughput is in records.
 //!
@@ -46,6 +52,28 @@ impl BatchLookup for NoopLookup {
     }
 
     async fn lookup_many(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
+        Ok(keys.into_iter().map(|key| (key, key)).collect())
+    }
+}
+
+/// A backend whose every query takes `QUERY_TIME`, like a store's round trip.
+#[derive(Debug)]
+struct SlowLookup;
+
+const QUERY_TIME: Duration = Duration::from_millis(2);
+
+impl BatchLookup for SlowLookup {
+    type Key = u64;
+    type Value = u64;
+    type Error = Infallible;
+
+    async fn lookup_one(&self, key: u64) -> Result<Option<u64>, Infallible> {
+        tokio::time::sleep(QUERY_TIME).await;
+        Ok(Some(key))
+    }
+
+    async fn lookup_many(&self, keys: Vec<u64>) -> Result<HashMap<u64, u64>, Infallible> {
+        tokio::time::sleep(QUERY_TIME).await;
         Ok(keys.into_iter().map(|key| (key, key)).collect())
     }
 }
@@ -160,6 +188,61 @@ fn lookup_overhead(c: &mut Criterion) {
     group.finish();
 }
 
+fn lone_lookup_at_idle(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("lone_lookup_at_idle");
+    // Few iterations: each is preceded by a 60 ms quiet spell that is not timed.
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(300));
+    let wait = Duration::from_millis(50);
+    let configs = [
+        ("off", LookupConfig::disabled()),
+        (
+            "fixed",
+            LookupConfig {
+                max_batch: 50,
+                max_wait: wait,
+                ..LookupConfig::default()
+            },
+        ),
+        (
+            "adaptive",
+            LookupConfig {
+                max_batch: 50,
+                max_wait: wait,
+                adaptive: true,
+                gather_under_load: true,
+                ..LookupConfig::default()
+            },
+        ),
+    ];
+    for (name, config) in configs {
+        let coalescer = {
+            let _runtime = rt.enter();
+            LookupCoalescer::new(SlowLookup, config).expect("valid config")
+        };
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let coalescer = coalescer.clone();
+                async move {
+                    let mut timed = Duration::ZERO;
+                    for key in 0..iters {
+                        tokio::time::sleep(wait + Duration::from_millis(10)).await;
+                        let started = std::time::Instant::now();
+                        assert_eq!(coalescer.lookup(key).await.ok().flatten(), Some(key));
+                        timed += started.elapsed();
+                    }
+                    timed
+                }
+            });
+        });
+        rt.block_on(coalescer.close());
+    }
+    group.finish();
+}
+
 const WRITERS: u64 = 8;
 const HAND_OFFS_PER_WRITER: u64 = 64;
 
@@ -208,5 +291,10 @@ fn write_throughput(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, lookup_overhead, write_throughput);
+criterion_group!(
+    benches,
+    lookup_overhead,
+    lone_lookup_at_idle,
+    write_throughput
+);
 criterion_main!(benches);

@@ -41,6 +41,13 @@ pub struct LookupConfig {
     /// Flush at once while no batch query is in flight and gather only while one is
     /// (see [`LookupCoalescer`](crate::LookupCoalescer) for the exact rule).
     pub adaptive: bool,
+    /// With `adaptive`: under load, gather like the fixed mode (until `max_batch` or
+    /// `max_wait`) instead of flushing as soon as a query completes; only the first key after
+    /// a quiet spell (no query in flight and none finished within `max_wait`) goes at once.
+    /// For lookups whose callers can wait `max_wait` but should not pay it when alone (a
+    /// retry, due seconds after its failure): batches as large as the fixed mode's, no
+    /// added wait at idle. Without `adaptive` it changes nothing.
+    pub gather_under_load: bool,
     /// Batch queries that may run at the same time; a flush beyond it waits for one to finish.
     pub max_in_flight: usize,
     /// Capacity of the queue between callers and the worker; a full queue makes callers wait.
@@ -99,6 +106,7 @@ impl Default for LookupConfig {
             max_batch: 0,
             max_wait: Duration::from_millis(50),
             adaptive: false,
+            gather_under_load: false,
             max_in_flight: 2,
             queue_depth: 1024,
         }

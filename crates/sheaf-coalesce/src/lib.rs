@@ -4,8 +4,8 @@
 //! - [`LookupCoalescer`] sits in front of a [`BatchLookup`] backend. Callers look keys
 //!   up one at a time and each gets its own answer; a worker gathers concurrent keys
 //!   and sends them as batch queries (for example, retries that come due together share
-//!   one "latest attempt" query). It can gather for a fixed time or adaptively, only
-//!   while a query is in flight.
+//!   one "latest attempt" query). It can gather for a fixed time or adaptively:
+//!   only while a query is in flight, or like the fixed mode except after a quiet spell.
 //! - [`WriteCoalescer`] sits in front of a [`BatchWriter`]. Writers hand off batches of
 //!   records; a worker writes everything queued as one bounded write and can wait a
 //!   bounded time for more, so a store that makes one part or statement per write

@@ -125,7 +125,10 @@ struct Shared<L: BatchLookup> {
 ///   added wait; or a batch query completes while keys are gathered, so a batch is
 ///   sent as soon as the store has finished the previous one (as group commit does).
 ///   While a query is in flight and neither happens, keys keep gathering, bounded by
-///   `max_batch` and `max_wait` as in fixed mode;
+///   `max_batch` and `max_wait` as in fixed mode. With `gather_under_load`, a completed
+///   query flushes nothing, and keys go at once only after a quiet spell (no query in
+///   flight, none finished within `max_wait`): under load the batches are the fixed
+///   mode's, alone a key pays no wait;
 /// - the coalescer is closing ([`FlushReason::Close`]).
 ///
 /// A flush first drops callers that have gone away (a key nobody waits for any more is
@@ -226,6 +229,7 @@ impl<L: BatchLookup> LookupCoalescerBuilder<L> {
             batch: Batch::default(),
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             in_flight: JoinSet::new(),
+            last_done: None,
             closing: false,
             drained: drained_tx,
         };
@@ -387,11 +391,19 @@ struct Worker<L: BatchLookup> {
     /// batch holds keys. One timer is reused so a batch costs no timer allocation.
     timer: Pin<Box<Sleep>>,
     in_flight: JoinSet<()>,
+    /// When the last batch query finished, for `gather_under_load`'s quiet spell.
+    last_done: Option<Instant>,
     closing: bool,
     drained: watch::Sender<bool>,
 }
 
 impl<L: BatchLookup> Worker<L> {
+    /// No batch query finished within `max_wait`: the store is idle, not between two queries.
+    fn quiet(&self) -> bool {
+        self.last_done
+            .is_none_or(|done| done.elapsed() >= self.config.max_wait)
+    }
+
     async fn run(mut self) {
         while !self.closing {
             let deadline_armed = !self.batch.is_empty();
@@ -405,7 +417,11 @@ impl<L: BatchLookup> Worker<L> {
                 Event::QueryDone => {
                     // A query task that panicked has dropped its waiters' replies, so
                     // its callers already see `WorkerGone`; the worker carries on.
-                    if self.config.adaptive && !self.batch.is_empty() {
+                    self.last_done = Some(Instant::now());
+                    if self.config.adaptive
+                        && !self.config.gather_under_load
+                        && !self.batch.is_empty()
+                    {
                         self.flush(FlushReason::Adaptive).await;
                     }
                 }
@@ -423,6 +439,7 @@ impl<L: BatchLookup> Worker<L> {
                     } else if self.config.adaptive
                         && self.in_flight.is_empty()
                         && !self.batch.is_empty()
+                        && (!self.config.gather_under_load || self.quiet())
                     {
                         self.flush(FlushReason::Adaptive).await;
                     } else if self.config.max_wait.is_zero() && !self.batch.is_empty() {

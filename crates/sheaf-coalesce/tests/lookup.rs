@@ -12,7 +12,8 @@ use sheaf_coalesce::{
 use tokio::time::Instant;
 
 use crate::support::{
-    Call, FakeLookup, Key, adaptive, advance, expected, finished, fixed, ms, settle, spawn_lookup,
+    Call, FakeLookup, Key, adaptive, adaptive_under_load, advance, expected, finished, fixed, ms,
+    settle, spawn_lookup,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -397,6 +398,63 @@ async fn adaptive_flushes_at_once_when_idle_and_gathers_under_load() {
     advance(ms(10)).await;
     assert_eq!(finished(again).await.unwrap(), expected(&Key::new(6)));
     assert_eq!(metrics.snapshot().flushes_by_adaptive, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn gathering_under_load_batches_like_fixed_and_sends_a_lone_key_at_once() {
+    let backend = FakeLookup::with_delay(ms(10));
+    let metrics = Arc::new(CoalesceMetrics::new());
+    let coalescer =
+        LookupCoalescer::builder(Arc::clone(&backend), adaptive_under_load(100, ms(50)))
+            .observer(metrics.clone())
+            .build()
+            .unwrap();
+
+    // Idle store: the key goes out with no added wait.
+    let first = spawn_lookup(&coalescer, Key::new(1));
+    settle().await;
+    assert_eq!(
+        backend.timed_calls(),
+        vec![(Duration::ZERO, Call::One(Key::new(1)))]
+    );
+
+    // Keys arriving while it runs are not sent when it completes (as plain adaptive does)...
+    let gathered: Vec<_> = (2..=5)
+        .map(|id| spawn_lookup(&coalescer, Key::new(id)))
+        .collect();
+    advance(ms(10)).await;
+    assert_eq!(finished(first).await.unwrap(), expected(&Key::new(1)));
+    // ...nor when more come right after it (the store is busy, not idle)...
+    let more: Vec<_> = (6..=7)
+        .map(|id| spawn_lookup(&coalescer, Key::new(id)))
+        .collect();
+    advance(ms(39)).await;
+    assert_eq!(
+        backend.calls().len(),
+        1,
+        "still gathering, as the fixed mode would"
+    );
+    // ...but once the first of them has waited `max_wait`, all of them go in one query.
+    advance(ms(1)).await;
+    assert_eq!(
+        backend.timed_calls()[1],
+        (ms(50), Call::Many((2..=7).map(Key::new).collect()))
+    );
+    advance(ms(10)).await;
+    for (id, handle) in (2..=7).zip(gathered.into_iter().chain(more)) {
+        assert_eq!(finished(handle).await.unwrap(), expected(&Key::new(id)));
+    }
+
+    // A key after a quiet spell of `max_wait` goes at once again.
+    advance(ms(50)).await;
+    let alone = spawn_lookup(&coalescer, Key::new(8));
+    settle().await;
+    assert_eq!(backend.timed_calls()[2], (ms(110), Call::One(Key::new(8))));
+    advance(ms(10)).await;
+    assert_eq!(finished(alone).await.unwrap(), expected(&Key::new(8)));
+    let snapshot = metrics.snapshot();
+    assert_eq!(snapshot.flushes_by_adaptive, 2, "the two lone keys");
+    assert_eq!(snapshot.flushes_by_time, 1, "the gathered batch");
 }
 
 #[tokio::test(start_paused = true)]

@@ -57,7 +57,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
     (
         0..8usize,
         0..40u64,
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
         1..4usize,
         1..16usize,
         any::<bool>(),
@@ -65,12 +65,22 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         prop::collection::vec(caller(), 1..40),
     )
         .prop_map(
-            |(max_batch, wait_ms, adaptive, max_in_flight, queue_depth, split, delay, callers)| {
+            |(
+                max_batch,
+                wait_ms,
+                (adaptive, gather_under_load),
+                max_in_flight,
+                queue_depth,
+                split,
+                delay,
+                callers,
+            )| {
                 Scenario {
                     config: LookupConfig {
                         max_batch,
                         max_wait: ms(wait_ms),
                         adaptive,
+                        gather_under_load,
                         max_in_flight,
                         queue_depth,
                     },

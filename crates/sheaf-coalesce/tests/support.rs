@@ -183,6 +183,7 @@ pub fn fixed(max_batch: usize, max_wait: Duration) -> LookupConfig {
         max_batch,
         max_wait,
         adaptive: false,
+        gather_under_load: false,
         max_in_flight: 4,
         queue_depth: 64,
     }
@@ -193,6 +194,14 @@ pub fn adaptive(max_batch: usize, max_wait: Duration) -> LookupConfig {
     LookupConfig {
         adaptive: true,
         ..fixed(max_batch, max_wait)
+    }
+}
+
+/// An adaptive configuration that gathers like the fixed mode under load.
+pub fn adaptive_under_load(max_batch: usize, max_wait: Duration) -> LookupConfig {
+    LookupConfig {
+        gather_under_load: true,
+        ..adaptive(max_batch, max_wait)
     }
 }
 

@@ -276,6 +276,10 @@ impl Config {
                 max_batch: values.usize(&s::RETRY_LOOKUP_BATCH_SIZE)?,
                 max_wait: values.millis(&s::RETRY_LOOKUP_BATCH_WAIT_MS)?,
                 adaptive: values.bool(&s::RETRY_LOOKUP_ADAPTIVE)?,
+                // A retry can wait the batch's 50 ms under load (it is due seconds after its
+                // failure), so adaptive retries gather like the fixed mode then, and only a
+                // retry after a quiet spell goes at once (docs/benchmarks.md, `burst`).
+                gather_under_load: true,
                 ..LookupConfig::default()
             },
             // Event reads are adaptive: a first delivery on a quiet service reads its payload at

@@ -52,7 +52,7 @@ fn key_time(key: &AttemptKey) -> SystemTime {
 
 /// Looks every key up concurrently through a fresh [`LookupCoalescer`] whose configuration comes
 /// from `variant`: batch sizes 1 to 100 (1 means "always the single path"), a wait of 0 to 7 ms,
-/// fixed or adaptive, always the 15-minute split.
+/// fixed or adaptive (gathering under load or not), always the 15-minute split.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ThroughCoalescer;
 
@@ -62,6 +62,7 @@ impl ThroughCoalescer {
             max_batch: 1 + (variant % 100) as usize,
             max_wait: Duration::from_millis((variant >> 8) % 8),
             adaptive: (variant >> 16) & 1 == 1,
+            gather_under_load: (variant >> 17) & 1 == 1,
             ..LookupConfig::default()
         }
     }
