@@ -1,5 +1,9 @@
 //! The lookup coalescer: many concurrent single-key lookups become few batch queries.
 //!
+//! Longer than 600 lines because the callers' handle, the worker's flush rules and the query
+//! tasks share private types (`Waiter`, `Message`, `Batch`) whose invariants (every waiter
+//! answered exactly once, closing answers everything queued) are checked in one place.
+//!
 //! Why: most of a single-key query's cost in a store such as ClickHouse is fixed per query
 //! (planning, opening parts), and a batch pays it once. A time-bounded single lookup cost ~14 ms
 //! of ClickHouse CPU against ~1 ms per key in batches of 100, and coalescing a burst of retries
