@@ -8,7 +8,9 @@
 //! Comments above a setting give the why of its default.
 //!
 //! Longer than 600 lines because it is the table: one entry per setting, each with its reason,
-//! and a reader looking for a setting wants them all in one place.
+//! and a reader looking for a setting wants them all in one place. Not split by area (stores,
+//! delivery, API) because `SETTINGS` at the end must list every one in the order
+//! `docs/configuration.md` shows them, and one file keeps that list next to the entries.
 
 use std::time::Duration;
 
