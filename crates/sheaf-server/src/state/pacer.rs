@@ -13,8 +13,13 @@
 //! instead of queueing again. The reschedules go through the completer's batched writes like
 //! every outcome.
 //!
-//! Every process starts at most its share per second, so all of them together start at most
-//! the limit. A held job may come back to another process, which does not know its slot: it
+//! A held job rarely comes back exactly at its slot: claims poll, and a busy process claims late.
+//! Jobs that come back late would start close together with the jobs whose slots come next, so
+//! every start is also checked against the process's recent starts: at most `N` in any window of
+//! `N` slots (a second's worth, at most [`WINDOW_STARTS`]); a job that would exceed that is held
+//! until the window has room, keeping its place. So every process starts at most its share per
+//! second, measured at any instant, and all of them together start at most the limit. A held job
+//! may come back to another process, which does not know its slot: it
 //! takes a slot of its own there, so the job waits a little longer but no share is exceeded.
 //! While processes start or stop, the count is up to one heartbeat behind, and the share with it.
 //!
@@ -24,7 +29,7 @@
 //! to it starts before the pause ends, whichever job it is. Other processes learn of it from
 //! their own deliveries' answers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -38,6 +43,10 @@ const EARLY: Duration = Duration::from_millis(5);
 /// Slots kept for jobs that have not come back this long after their slot are forgotten (the
 /// job went to another process, or its destination changed).
 const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// The most recent starts a destination's lane remembers to check its share against: the window
+/// is this many slots long, or a second's worth when that is fewer.
+const WINDOW_STARTS: usize = 100;
 
 /// Whether a delivery may start now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +63,33 @@ struct Lane {
     next_free: Option<Instant>,
     /// Slots handed to held jobs, by job.
     reserved: HashMap<JobId, Instant>,
+    /// When the last deliveries under a limit started, oldest first (at most a window's worth).
+    started: VecDeque<Instant>,
+}
+
+impl Lane {
+    /// Records a start at `now` if the window of the last `interval`-spaced slots has room;
+    /// otherwise says when it will have.
+    fn start(&mut self, now: Instant, interval: Duration) -> Result<(), Instant> {
+        if interval.is_zero() {
+            return Ok(());
+        }
+        let per_second = (Duration::from_secs(1).as_secs_f64() / interval.as_secs_f64()) as usize;
+        let capacity = per_second.clamp(1, WINDOW_STARTS);
+        let window = interval * capacity as u32;
+        while self
+            .started
+            .front()
+            .is_some_and(|first| *first + window <= now)
+        {
+            self.started.pop_front();
+        }
+        if self.started.len() >= capacity {
+            return Err(self.started[0] + window);
+        }
+        self.started.push_back(now);
+        Ok(())
+    }
 }
 
 /// The process's delivery schedule per destination.
@@ -95,28 +131,44 @@ impl Pacer {
         if limit.is_none() && !lanes.contains_key(&destination) {
             return Admission::Go;
         }
-        let lane = lanes.entry(destination).or_default();
-        if let Some(slot) = lane.reserved.get(&job).copied() {
-            if slot <= now + EARLY {
-                lane.reserved.remove(&job);
-                return Admission::Go;
-            }
-            return Admission::Hold(slot - now);
-        }
-        let slot = lane.next_free.map_or(now, |free| free.max(now));
         let interval = limit.map_or(Duration::ZERO, |limit| {
             Duration::from_secs_f64(f64::from(self.processes()) / f64::from(limit.per_second))
         });
+        let lane = lanes.entry(destination).or_default();
+        if let Some(slot) = lane.reserved.get(&job).copied() {
+            if slot > now + EARLY {
+                return Admission::Hold(slot - now);
+            }
+            return match lane.start(now, interval) {
+                Ok(()) => {
+                    lane.reserved.remove(&job);
+                    Admission::Go
+                }
+                Err(room) => {
+                    lane.reserved.insert(job, room);
+                    Admission::Hold(room - now)
+                }
+            };
+        }
+        let slot = lane.next_free.map_or(now, |free| free.max(now));
         lane.next_free = Some(slot + interval);
         if lane.reserved.len() > 1_000 {
             lane.reserved.retain(|_, kept| *kept + FORGET_AFTER > now);
         }
         if slot <= now + EARLY {
-            if limit.is_none() && lane.reserved.is_empty() {
-                // The pause is over and nothing waits: the destination is unpaced again.
-                lanes.remove(&destination);
+            match lane.start(now, interval) {
+                Ok(()) => {
+                    if limit.is_none() && lane.reserved.is_empty() {
+                        // The pause is over and nothing waits: the destination is unpaced again.
+                        lanes.remove(&destination);
+                    }
+                    return Admission::Go;
+                }
+                Err(room) => {
+                    lane.reserved.insert(job, room);
+                    return Admission::Hold(room - now);
+                }
             }
-            return Admission::Go;
         }
         lane.reserved.insert(job, slot);
         Admission::Hold(slot - now)
@@ -179,6 +231,57 @@ mod tests {
         assert_eq!(
             held(pacer.admit(other, JobId::generate(), limit)),
             Duration::from_millis(40)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_jobs_that_come_back_late_do_not_burst_past_the_share() {
+        let pacer = Pacer::new();
+        let d = DestinationId::generate();
+        let limit = Some(RateLimit::new(10).unwrap());
+        // Ten jobs take the first second's ten slots; the nine held ones all come back late,
+        // together, just as the next second's jobs arrive on time.
+        let first: Vec<JobId> = (0..10).map(|_| JobId::generate()).collect();
+        let mut started = 0;
+        for job in &first {
+            if pacer.admit(d, *job, limit) == Admission::Go {
+                started += 1;
+            }
+        }
+        assert_eq!(started, 1);
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        let mut went = Vec::new();
+        for job in first.iter().skip(1) {
+            if pacer.admit(d, *job, limit) == Admission::Go {
+                went.push(*job);
+            }
+        }
+        assert_eq!(
+            went.len(),
+            9,
+            "late slots may still be used, within the window"
+        );
+        assert_eq!(
+            pacer.admit(d, JobId::generate(), limit),
+            Admission::Go,
+            "the tenth start in the last second"
+        );
+        let next = JobId::generate();
+        assert_eq!(
+            held(pacer.admit(d, next, limit)),
+            Duration::from_millis(100)
+        );
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(
+            held(pacer.admit(d, next, limit)),
+            Duration::from_millis(900),
+            "its slot has come, but the last second already had its ten starts"
+        );
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert_eq!(
+            pacer.admit(d, next, limit),
+            Admission::Go,
+            "it keeps its place"
         );
     }
 
