@@ -99,6 +99,7 @@
 //! larger one for bytes.
 
 mod config;
+mod counts;
 mod error;
 mod http;
 mod latest;

@@ -567,6 +567,14 @@ impl LogStore for ClickHouseLogStore {
         self.latest_many(keys).await
     }
 
+    async fn count_attempts(
+        &self,
+        tenant: &TenantId,
+        buckets: &sheaf_store::Buckets,
+    ) -> Result<Vec<sheaf_store::AttemptCounts>> {
+        self.count_buckets(tenant, buckets).await
+    }
+
     async fn ping(&self) -> Result<()> {
         let answer: Result<u8> = self
             .timed("ping", self.client.query("SELECT 1").fetch_one())

@@ -12,9 +12,9 @@ use std::str::FromStr;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sheaf_store::{
-    Attempt, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger, Cursor,
-    DestinationId, Event, EventFilter, EventId, EventKey, LogStore, Page, PageRequest, Payload,
-    Result, TenantId,
+    Attempt, AttemptCounts, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger,
+    Buckets, Cursor, DestinationId, Event, EventFilter, EventId, EventKey, LogStore, Page,
+    PageRequest, Payload, Result, TenantId,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -645,6 +645,39 @@ impl LogStore for PostgresLogStore {
             self.latest_chunk(chunk, &mut found).await?;
         }
         Ok(found)
+    }
+
+    /// One grouped scan of `attempts_by_tenant_time` over the window.
+    async fn count_attempts(
+        &self,
+        tenant: &TenantId,
+        buckets: &Buckets,
+    ) -> Result<Vec<AttemptCounts>> {
+        let s = self.db.schema();
+        let rows = sqlx::query(&format!(
+            "SELECT floor(extract(epoch FROM attempt_time - $2) * 1000000 / $4)::bigint AS bucket,
+                    count(*) FILTER (WHERE status = 'success') AS success,
+                    count(*) FILTER (WHERE status <> 'success') AS failed
+             FROM {s}.attempts
+             WHERE tenant_id = $1 AND attempt_time >= $2 AND attempt_time < $3
+             GROUP BY bucket"
+        ))
+        .bind(tenant.as_str())
+        .bind(buckets.since.as_datetime())
+        .bind(buckets.until().as_datetime())
+        .bind(buckets.width.as_micros() as i64)
+        .fetch_all(&self.db.pool)
+        .await
+        .map_err(|e| from_sqlx("counting attempts", e))?;
+        let mut counts = buckets.empty();
+        for row in &rows {
+            let bucket: i64 = get(row, "bucket")?;
+            if let Some(c) = usize::try_from(bucket).ok().and_then(|i| counts.get_mut(i)) {
+                c.success = get::<i64>(row, "success")? as u64;
+                c.failed = get::<i64>(row, "failed")? as u64;
+            }
+        }
+        Ok(counts)
     }
 
     async fn ping(&self) -> Result<()> {

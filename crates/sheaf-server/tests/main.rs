@@ -13,6 +13,7 @@
 //! - `cdc`: the CDC source on the real Postgres, in process and through the binary killed mid-stream.
 //! - `bad_input`: oversized, deep, non-UTF-8 and unknown input, absurd limits and bad cursors.
 //! - `schemathesis`: generated requests against the OpenAPI document (PyPI's schemathesis).
+//! - `portal`: the web portal's files, links and chart counts, and the portal in Chromium.
 //! - `security`: tenant tokens walked over every route, sealed secrets, secret-free logs, the
 //!   connect-time guard and redirects.
 
@@ -24,6 +25,7 @@ mod cdc;
 mod controls;
 mod delivery;
 mod observability;
+mod portal;
 mod schemathesis;
 mod security;
 mod shared;

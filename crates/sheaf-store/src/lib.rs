@@ -52,8 +52,8 @@ pub use error::{Error, ErrorKind, Result, SharedSource};
 pub use filter::{Filter, FilterError};
 pub use ids::{AttemptId, DestinationId, EventId, JobId, TenantId};
 pub use log::{
-    Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Event, EventFilter,
-    EventKey, LogStore, Payload, TimeRange, validate_topic,
+    Attempt, AttemptCounts, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Buckets,
+    Event, EventFilter, EventKey, LogStore, Payload, TimeRange, validate_topic,
 };
 pub use outbox::{
     Accepted, Intake, LeaseOffer, Outbox, OutboxBacklog, Settlement, Shipment, validate_intakes,

@@ -335,6 +335,77 @@ impl AttemptFilter {
     }
 }
 
+/// The time buckets [`LogStore::count_attempts`] counts in: `count` buckets of `width` each,
+/// the first starting at `since`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buckets {
+    /// The start of the first bucket.
+    pub since: Timestamp,
+    /// How long each bucket is (at least a second).
+    pub width: std::time::Duration,
+    /// How many buckets (1 to [`Buckets::MAX`]).
+    pub count: u32,
+}
+
+impl Buckets {
+    /// The most buckets one call counts.
+    pub const MAX: u32 = 10_000;
+
+    /// The buckets, checked: a width of at least a second, 1 to [`Buckets::MAX`] of them.
+    pub fn new(since: Timestamp, width: std::time::Duration, count: u32) -> Result<Self> {
+        if width < std::time::Duration::from_secs(1) {
+            return Err(Error::invalid_input("a bucket is at least 1 s wide"));
+        }
+        if !(1..=Self::MAX).contains(&count) {
+            return Err(Error::invalid_input(format!(
+                "1 to {} buckets, got {count}",
+                Self::MAX
+            )));
+        }
+        Ok(Buckets {
+            since,
+            width,
+            count,
+        })
+    }
+
+    /// The end of the last bucket (exclusive).
+    pub fn until(&self) -> Timestamp {
+        self.since.saturating_add(self.width * self.count)
+    }
+
+    /// Which bucket `time` falls in, if any.
+    pub fn index(&self, time: Timestamp) -> Option<usize> {
+        if time < self.since || time >= self.until() {
+            return None;
+        }
+        let offset = time.as_micros() - self.since.as_micros();
+        Some((offset / self.width.as_micros() as i64) as usize)
+    }
+
+    /// Every bucket, counted zero.
+    pub fn empty(&self) -> Vec<AttemptCounts> {
+        (0..self.count)
+            .map(|i| AttemptCounts {
+                start: self.since.saturating_add(self.width * i),
+                success: 0,
+                failed: 0,
+            })
+            .collect()
+    }
+}
+
+/// How many attempts succeeded and failed in one time bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AttemptCounts {
+    /// The start of the bucket.
+    pub start: Timestamp,
+    /// Attempts with status `success`.
+    pub success: u64,
+    /// Attempts with status `failed`.
+    pub failed: u64,
+}
+
 /// The record of events and delivery attempts, payloads included.
 ///
 /// Every read is scoped to one tenant (or, for the batched calls, to each key's tenant): no
@@ -435,6 +506,43 @@ pub trait LogStore: fmt::Debug + Send + Sync + 'static {
             }
         }
         Ok(found)
+    }
+
+    /// Counts a tenant's attempts by status in each of `buckets`, by attempt time: what a chart
+    /// of deliveries over time needs, without reading the attempts out. The answer has every
+    /// bucket, oldest first, empty ones counted zero; a duplicated attempt row counts once.
+    ///
+    /// The default pages through [`LogStore::list_attempts`], which reads every attempt in the
+    /// window; backends override it with one grouped query.
+    async fn count_attempts(
+        &self,
+        tenant: &TenantId,
+        buckets: &Buckets,
+    ) -> Result<Vec<AttemptCounts>> {
+        let mut counts = buckets.empty();
+        let filter = AttemptFilter {
+            time: TimeRange {
+                since: Some(buckets.since),
+                until: Some(buckets.until()),
+            },
+            ..AttemptFilter::default()
+        };
+        let mut page = PageRequest::first(crate::MAX_PAGE_LIMIT);
+        loop {
+            let found = self.list_attempts(tenant, &filter, &page).await?;
+            for attempt in &found.items {
+                if let Some(bucket) = buckets.index(attempt.time).and_then(|i| counts.get_mut(i)) {
+                    match attempt.status {
+                        AttemptStatus::Success => bucket.success += 1,
+                        AttemptStatus::Failed => bucket.failed += 1,
+                    }
+                }
+            }
+            match found.next {
+                Some(next) => page = PageRequest::after(crate::MAX_PAGE_LIMIT, next),
+                None => return Ok(counts),
+            }
+        }
     }
 
     /// Whether the store is reachable, for readiness checks. The default says yes; backends with a

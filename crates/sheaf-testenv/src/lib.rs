@@ -77,6 +77,10 @@ pub const RABBITMQ_URL_VAR: &str = "SHEAF_TEST_RABBITMQ_URL";
 pub const NATS_URL_VAR: &str = "SHEAF_TEST_NATS_URL";
 /// The Python interpreter of xtask's virtual environment (has `standardwebhooks`).
 pub const PYTHON_VAR: &str = "SHEAF_TEST_PYTHON";
+/// Debian's Chromium (`/usr/bin/chromium`), for the portal's browser tests.
+pub const CHROMIUM_VAR: &str = "SHEAF_TEST_CHROMIUM";
+/// Node.js, with the portal tests' npm packages installed by xtask.
+pub const NODE_VAR: &str = "SHEAF_TEST_NODE";
 
 /// The prefix of every variable the `sheaf` binary reads.
 pub const SHEAF_ENV_PREFIX: &str = "SHEAF_";
@@ -210,6 +214,23 @@ pub fn python(test: &str) -> Option<String> {
     required_var(PYTHON_VAR, "xtask's Python", test)
 }
 
+/// What a browser test drives: Node.js (running Playwright) and Chromium.
+#[derive(Debug, Clone)]
+pub struct Browser {
+    /// The `node` binary.
+    pub node: String,
+    /// The Chromium binary Playwright launches.
+    pub chromium: String,
+}
+
+/// Node.js and Chromium as xtask set them up, or `None` (skip) outside CI. See [`server_url`].
+pub fn browser(test: &str) -> Option<Browser> {
+    Some(Browser {
+        node: required_var(NODE_VAR, "Node.js with the portal tests' packages", test)?,
+        chromium: required_var(CHROMIUM_VAR, "Debian's Chromium", test)?,
+    })
+}
+
 /// Returns from the calling test with a printed line when Postgres is not configured
 /// (outside CI), and evaluates to the URL otherwise.
 #[macro_export]
@@ -253,6 +274,18 @@ macro_rules! require_nats {
     ($test:expr) => {
         match $crate::nats_url($test) {
             Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+/// Returns from the calling test with a printed line when the browser is not configured
+/// (outside CI), and evaluates to the [`Browser`] otherwise.
+#[macro_export]
+macro_rules! require_browser {
+    ($test:expr) => {
+        match $crate::browser($test) {
+            Some(browser) => browser,
             None => return,
         }
     };

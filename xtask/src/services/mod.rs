@@ -13,7 +13,11 @@
 //! NATS server with JetStream (`nats.rs`), both from Debian packages, as its own processes on
 //! loopback ports of their own with their data in `target/xtask/`. Installing those packages
 //! must not start the system-wide brokers they ship ([`install_without_starting`]).
+//!
+//! For the portal's browser tests it installs Debian's Chromium (in the same apt run as the
+//! brokers) and the tests' npm packages (`browser.rs`); nothing of those runs in the background.
 
+pub mod browser;
 pub mod clickhouse;
 pub use clickhouse::venv_python;
 pub mod clickhouse_https;
@@ -123,8 +127,9 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
     ensure_brokers_installed().context("the message brokers' packages")?;
     let rabbit = rabbitmq::up().context("rabbitmq")?;
     let nats = nats::up().context("nats")?;
+    let browser = browser::up().context("the portal's browser tests")?;
     let path = |p: &Path| p.display().to_string();
-    let vars = vec![
+    let mut vars = vec![
         (POSTGRES_URL_VAR, pg.url.clone()),
         (POSTGRES_TLS_URL_VAR, postgres::tls_url(&pg.url, &tls.ca)),
         (POSTGRES_NOTLS_URL_VAR, pg_notls.url),
@@ -137,6 +142,7 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
         (RABBITMQ_URL_VAR, rabbit.url),
         (NATS_URL_VAR, nats.url),
     ];
+    vars.extend(browser);
     let env = ServicesEnv {
         vars,
         started: Started {
@@ -205,6 +211,7 @@ pub fn status() -> anyhow::Result<()> {
     clickhouse_https::status()?;
     rabbitmq::status()?;
     nats::status()?;
+    browser::status()?;
     if left_policy() {
         println!(
             "apt:        {POLICY_RC_D} of an interrupted install is still there and keeps every service from starting; the next `up` that installs a package removes it"
@@ -213,13 +220,14 @@ pub fn status() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Installs whichever broker packages are missing, in one apt run (one `apt-get update` on a
+/// Installs whichever broker and browser packages are missing, in one apt run (one `apt-get update` on a
 /// fresh machine, not two), and prints how long it took.
 fn ensure_brokers_installed() -> anyhow::Result<()> {
-    let missing: Vec<&str> = [rabbitmq::missing_package(), nats::missing_package()]
+    let mut missing: Vec<&str> = [rabbitmq::missing_package(), nats::missing_package()]
         .into_iter()
         .flatten()
         .collect();
+    missing.extend(browser::missing_packages());
     if missing.is_empty() {
         return Ok(());
     }

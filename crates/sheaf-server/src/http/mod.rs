@@ -9,6 +9,8 @@
 //! - [`error`]: the one error shape, and the mapping of every lower layer's error to a status.
 //! - [`limits`]: bounds on what a destination may carry.
 //! - [`layers`]: what every request goes through first: its request id, its span, its timeout.
+//! - [`portal`]: the web portal's embedded files under `/portal/`, outside the route table (they
+//!   are not API), with their Content-Security-Policy.
 //!
 //! Every error, including axum's own rejections (bad JSON, oversized bodies, unknown routes,
 //! wrong methods), is answered in that one shape.
@@ -20,6 +22,7 @@ mod handlers;
 pub mod layers;
 pub mod limits;
 pub mod openapi;
+pub mod portal;
 pub mod routes;
 pub mod tokens;
 
@@ -57,6 +60,7 @@ pub fn router(core: AppState) -> Router {
     let timeout = core.config.request_timeout;
     let traced = core.traces.is_some();
     let router = router
+        .merge(portal::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

@@ -2,6 +2,9 @@
 //! ([`crate::http::routes::routes`]) that the router is built from, in plain `serde_json` (no macro crate: the machine has two cores and
 //! the table already holds everything the document needs).
 //!
+//! Longer than 600 lines because the component schemas are one literal, read best whole beside
+//! the function that places them, and each is a few lines of JSON.
+//!
 //! The input schemas are meant to be usable by a generator such as schemathesis (which runs
 //! against this document in the test suite): every id, topic and URL has the pattern the server
 //! checks, request bodies refuse unknown properties as the server does, and every error status a
@@ -242,6 +245,25 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "expires_at": timestamp
             }
         },
+        "PortalLink": {
+            "type": "object",
+            "required": ["url", "token", "tenant_id", "expires_at"],
+            "properties": {
+                "url": { "type": "string", "description": "The portal, signed in as the tenant: the token rides in the fragment, which browsers never send" },
+                "token": { "type": "string" },
+                "tenant_id": { "type": "string" },
+                "expires_at": timestamp
+            }
+        },
+        "AttemptStats": {
+            "type": "object",
+            "required": ["from", "to", "bucket_seconds", "buckets"],
+            "properties": {
+                "from": timestamp, "to": timestamp, "bucket_seconds": { "type": "integer" },
+                "buckets": { "type": "array", "items": { "type": "object", "required": ["start", "success", "failed"],
+                    "properties": { "start": timestamp, "success": { "type": "integer" }, "failed": { "type": "integer" } } } }
+            }
+        },
         "DestinationInput": destination_input(destinations),
         "DestinationPatch": {
             "type": "object",
@@ -443,6 +465,8 @@ fn query_parameter_schema(name: &str, kind: &str) -> Value {
         "status" => json!({ "enum": ["success", "failed", ""] }),
         "event_id" => json!({ "type": "string", "pattern": "^[A-Za-z0-9._:~@+=-]{0,255}$" }),
         "destination_id" => json!({ "anyOf": [uuid_schema(), { "const": "" }] }),
+        "since" | "until" => json!({ "type": "string", "format": "date-time" }),
+        "minutes" => json!({ "type": "integer", "minimum": 1, "maximum": 1440, "default": 60 }),
         // A filter, not a topic: any text, and an empty one filters nothing.
         _ => json!({ "type": kind }),
     }

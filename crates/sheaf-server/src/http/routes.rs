@@ -43,6 +43,13 @@ const LIST_QUERY: [(&str, &str, &str); 2] = [
     ("next", "string", "The `next` cursor of the previous page."),
 ];
 
+const SINCE: (&str, &str, &str) = (
+    "since",
+    "string",
+    "Only records at or after this RFC 3339 time.",
+);
+const UNTIL: (&str, &str, &str) = ("until", "string", "Only records before this RFC 3339 time.");
+
 const E400: (u16, &str, Option<&str>) = (400, "Invalid request", Some("Error"));
 const E401: (u16, &str, Option<&str>) = (
     401,
@@ -161,6 +168,18 @@ pub fn routes() -> Vec<Route> {
             request: Some("TokenInput"),
             responses: &[(201, "Issued", Some("TenantToken")), E400, E401, E404, E413],
             handler: |m| on(m, handlers::issue_token),
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/tenants/{tenant_id}/portal",
+            operation_id: "issuePortalLink",
+            summary: "Issue a link to the web portal for this tenant, carrying a fresh tenant token (admin key only; needs SHEAF_TOKEN_SIGNING_KEY).",
+            tag: "tenants",
+            access: Access::Admin,
+            query: &[],
+            request: Some("TokenInput"),
+            responses: &[(201, "Issued", Some("PortalLink")), E400, E401, E404, E413],
+            handler: |m| on(m, handlers::issue_portal_link),
         },
         Route {
             method: Method::POST,
@@ -302,6 +321,8 @@ pub fn routes() -> Vec<Route> {
             access: Access::TenantPath,
             query: &[
                 ("topic", "string", "Only events with this topic."),
+                SINCE,
+                UNTIL,
                 LIST_QUERY[0],
                 LIST_QUERY[1],
             ],
@@ -346,6 +367,8 @@ pub fn routes() -> Vec<Route> {
                     "string",
                     "Only attempts of events with this topic.",
                 ),
+                SINCE,
+                UNTIL,
                 LIST_QUERY[0],
                 LIST_QUERY[1],
             ],
@@ -369,6 +392,27 @@ pub fn routes() -> Vec<Route> {
             request: None,
             responses: &[(200, "The attempt", Some("Attempt")), E400, E401, E404],
             handler: |m| on(m, handlers::get_attempt),
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/tenants/{tenant_id}/stats/attempts",
+            operation_id: "attemptStats",
+            summary: "Attempts per minute, successful and failed, over the last `minutes` (60 by default, at most 1440), oldest minute first.",
+            tag: "attempts",
+            access: Access::TenantPath,
+            query: &[(
+                "minutes",
+                "integer",
+                "How many minutes back, 1 to 1440 (default 60).",
+            )],
+            request: None,
+            responses: &[
+                (200, "Counts per minute", Some("AttemptStats")),
+                E400,
+                E401,
+                E404,
+            ],
+            handler: |m| on(m, handlers::attempt_stats),
         },
         Route {
             method: Method::GET,

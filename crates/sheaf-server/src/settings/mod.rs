@@ -125,6 +125,8 @@ pub struct Config {
     pub token_signing_key: Option<TokenKey>,
     /// `SHEAF_TOKEN_MAX_TTL`.
     pub token_max_ttl: Duration,
+    /// `SHEAF_PUBLIC_URL`: scheme, host and port, without a trailing slash.
+    pub public_url: Option<String>,
     /// `SHEAF_SECRETS_KEY`: destination secrets are sealed with it in every entity store.
     pub secrets_key: Option<SecretsKey>,
     /// `SHEAF_LOG_STORE`.
@@ -264,6 +266,7 @@ impl Config {
             api_key,
             token_signing_key,
             token_max_ttl: values.duration(&s::TOKEN_MAX_TTL)?,
+            public_url: parse_public_url(&values)?,
             secrets_key,
             log_store: stores.log_store,
             queue: stores.queue,
@@ -463,6 +466,24 @@ fn check_lease(queue_lease: Duration, delivery_timeout: Duration) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// `SHEAF_PUBLIC_URL`: an `http` or `https` URL with a host, nothing after it.
+fn parse_public_url(values: &Values) -> Result<Option<String>, ConfigError> {
+    let Some(raw) = values.optional(&s::PUBLIC_URL) else {
+        return Ok(None);
+    };
+    let fail = |m: &str| ConfigError::new(s::PUBLIC_URL.name, format!("{raw:?} {m}"));
+    let url = reqwest::Url::parse(&raw).map_err(|_| fail("is not a URL"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(fail("must be an http:// or https:// URL with a host"));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+        return Err(fail(
+            "must be only scheme, host and port (no path, query or fragment)",
+        ));
+    }
+    Ok(Some(url.as_str().trim_end_matches('/').to_owned()))
 }
 
 /// `SHEAF_EGRESS_PROXY`: an `http` or `https` URL with a host and a port, nothing after it.

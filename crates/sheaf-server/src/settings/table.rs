@@ -186,6 +186,13 @@ pub const TOKEN_MAX_TTL: Setting = setting(
     },
     "Longest lifetime a tenant token may be issued with (`ttl_seconds` above it is refused). Tokens cannot be revoked one by one, so this bounds a leaked one.",
 );
+/// `SHEAF_PUBLIC_URL`.
+pub const PUBLIC_URL: Setting = setting(
+    "SHEAF_PUBLIC_URL",
+    None,
+    Kind::Text("`http://host[:port]` or `https://host[:port]`"),
+    "Where users reach this server, for the links it hands out: `POST /api/v1/tenants/{tenant_id}/portal` answers `<this>/portal/#…`. Unset: the link is built from the request's `Host` header over `http://`, which is right when clients reach the server directly; set it behind a TLS-terminating proxy or load balancer.",
+);
 /// `SHEAF_LOG_STORE`.
 pub const LOG_STORE: Setting = setting(
     "SHEAF_LOG_STORE",
@@ -718,6 +725,7 @@ pub const SETTINGS: &[Setting] = &[
     API_KEY,
     TOKEN_SIGNING_KEY,
     TOKEN_MAX_TTL,
+    PUBLIC_URL,
     LOG_STORE,
     QUEUE,
     POSTGRES_URL,

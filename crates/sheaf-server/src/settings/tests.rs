@@ -83,6 +83,7 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_LOG", "debug"),
     ("SHEAF_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
     ("SHEAF_EGRESS_PROXY", "http://127.0.0.1:3128"),
+    ("SHEAF_PUBLIC_URL", "https://hooks.example.com"),
     // Debian's system bundle (the ca-certificates package): a real file of many CAs.
     ("SHEAF_TLS_CA_FILE", "/etc/ssl/certs/ca-certificates.crt"),
     (
@@ -220,6 +221,16 @@ fn invalid_values_name_their_setting() {
     assert_eq!(err.setting, "SHEAF_API_KEY");
     let err = Config::load(env(&[("SHEAF_QUEUE_LEASE", "10s")])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_QUEUE_LEASE");
+    for url in [
+        "hooks.example.com",
+        "ftp://hooks.example.com",
+        "https://h.example/sheaf",
+    ] {
+        let err = Config::load(env(&[("SHEAF_PUBLIC_URL", url)])).unwrap_err();
+        assert_eq!(err.setting, "SHEAF_PUBLIC_URL", "{url}: {err}");
+    }
+    let config = Config::load(env(&[("SHEAF_PUBLIC_URL", "https://h.example:8443/")])).unwrap();
+    assert_eq!(config.public_url.as_deref(), Some("https://h.example:8443"));
 }
 
 #[test]

@@ -7,8 +7,8 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sheaf_store::{
-    Attempt, AttemptFilter, AttemptId, AttemptStatus, Cursor, DeadLetter, DestinationId,
-    EventFilter, EventId, Page, PageRequest,
+    Attempt, AttemptFilter, AttemptId, AttemptStatus, Buckets, Cursor, DeadLetter, DestinationId,
+    EventFilter, EventId, Page, PageRequest, TimeRange, Timestamp,
 };
 
 use crate::http::auth::Caller;
@@ -56,9 +56,36 @@ fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
     })
 }
 
+/// `since` (inclusive) and `until` (exclusive) as RFC 3339 times; absent means unbounded, and
+/// an empty value is refused like any other that is not a time.
+fn time_range(since: Option<String>, until: Option<String>) -> Result<TimeRange, ApiError> {
+    let parse = |name: &str, raw: Option<String>| {
+        raw.map(|s| {
+            s.parse::<Timestamp>().map_err(|_| {
+                ApiError::invalid(format!(
+                    "{name} must be an RFC 3339 time such as 2026-12-01T09:30:00Z, got {s:?}"
+                ))
+            })
+        })
+        .transpose()
+    };
+    let range = TimeRange {
+        since: parse("since", since)?,
+        until: parse("until", until)?,
+    };
+    if let (Some(since), Some(until)) = (range.since, range.until)
+        && since >= until
+    {
+        return Err(ApiError::invalid("since must be before until"));
+    }
+    Ok(range)
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct EventQuery {
     topic: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
     limit: Option<u32>,
     next: Option<String>,
 }
@@ -73,7 +100,7 @@ pub(crate) async fn list_events(
     let filter = EventFilter {
         // Empty means no filter, as in the attempts listing.
         topic: query.topic.filter(|t| !t.is_empty()),
-        ..EventFilter::default()
+        time: time_range(query.since, query.until)?,
     };
     let events = core.stores.log.list_events(&tenant, &filter, &page).await?;
     Ok(Json(page_json(events, |e| json!(e))).into_response())
@@ -115,6 +142,8 @@ pub(crate) struct AttemptQuery {
     destination_id: Option<String>,
     status: Option<String>,
     topic: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
     limit: Option<u32>,
     next: Option<String>,
 }
@@ -143,7 +172,7 @@ pub(crate) async fn list_attempts(
             .map(|s| s.parse::<AttemptStatus>())
             .transpose()?,
         topic: query.topic.filter(|s| !s.is_empty()),
-        ..AttemptFilter::default()
+        time: time_range(query.since, query.until)?,
     };
     let attempts = core
         .stores
@@ -165,6 +194,43 @@ pub(crate) async fn get_attempt(
         Some(a) => Ok(Json(attempt_json(&a)).into_response()),
         None => Err(ApiError::not_found(format!("attempt {id} does not exist"))),
     }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct StatsQuery {
+    minutes: Option<u32>,
+}
+
+/// Longest window the attempt counts cover: a day of one-minute buckets.
+const MAX_STATS_MINUTES: u32 = 1440;
+
+/// Attempts per minute by status over the last `minutes` (60 by default), the current minute
+/// last: what the portal's chart draws, counted by the log store in one query.
+pub(crate) async fn attempt_stats(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(query): ApiQuery<StatsQuery>,
+) -> ApiResult {
+    let tenant = existing_tenant(&core, raw).await?;
+    let minutes = query.minutes.unwrap_or(60);
+    if !(1..=MAX_STATS_MINUTES).contains(&minutes) {
+        return Err(ApiError::invalid(format!(
+            "minutes must be 1 to {MAX_STATS_MINUTES}, got {minutes}"
+        )));
+    }
+    const MINUTE_US: i64 = 60_000_000;
+    let now = Timestamp::now().as_micros();
+    let this_minute = now - now.rem_euclid(MINUTE_US);
+    let since = Timestamp::from_micros(this_minute - i64::from(minutes - 1) * MINUTE_US)?;
+    let buckets = Buckets::new(since, std::time::Duration::from_secs(60), minutes)?;
+    let counts = core.stores.log.count_attempts(&tenant, &buckets).await?;
+    Ok(Json(json!({
+        "from": buckets.since,
+        "to": buckets.until(),
+        "bucket_seconds": 60,
+        "buckets": counts,
+    }))
+    .into_response())
 }
 
 #[derive(Debug, Deserialize)]

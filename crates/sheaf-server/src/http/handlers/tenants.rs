@@ -4,14 +4,14 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiPath, AppState, OptionalJson};
-use crate::http::tokens::unix_now;
+use crate::http::tokens::{TokenClaims, unix_now};
 
 use super::{ApiResult, not_operator_tenant, require_tenant, tenant_id};
 
@@ -110,12 +110,14 @@ fn unix_time_json(secs: i64) -> Value {
     })
 }
 
-pub(crate) async fn issue_token(
-    State(core): State<AppState>,
-    ApiPath(raw): ApiPath<String>,
-    OptionalJson(input): OptionalJson<TokenInput>,
-) -> ApiResult {
-    let tenant = tenant_id(raw)?;
+/// Checks a token request and issues one for `tenant`, `ttl` seconds from now (`default_ttl`
+/// when the request names none, held within `SHEAF_TOKEN_MAX_TTL`).
+async fn mint(
+    core: &AppState,
+    tenant: &sheaf_store::TenantId,
+    input: Option<TokenInput>,
+    default_ttl: u64,
+) -> Result<(String, TokenClaims), ApiError> {
     let Some(key) = core.config.token_signing_key.as_ref() else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -123,18 +125,27 @@ pub(crate) async fn issue_token(
             "tenant tokens are not enabled on this server: set SHEAF_TOKEN_SIGNING_KEY",
         ));
     };
+    let max = core.config.token_max_ttl.as_secs();
     let ttl = match input.and_then(|i| i.ttl_seconds) {
         Some(n) => whole_seconds(&n)?,
-        None => DEFAULT_TOKEN_TTL_SECS,
+        None => default_ttl.min(max),
     };
-    let max = core.config.token_max_ttl.as_secs();
     if !(MIN_TOKEN_TTL_SECS..=max).contains(&ttl) {
         return Err(ApiError::invalid(format!(
             "ttl_seconds must be {MIN_TOKEN_TTL_SECS} to {max} (SHEAF_TOKEN_MAX_TTL), got {ttl}"
         )));
     }
-    require_tenant(&core, &tenant).await?;
-    let (token, claims) = key.issue(&tenant, std::time::Duration::from_secs(ttl), unix_now());
+    require_tenant(core, tenant).await?;
+    Ok(key.issue(tenant, std::time::Duration::from_secs(ttl), unix_now()))
+}
+
+pub(crate) async fn issue_token(
+    State(core): State<AppState>,
+    ApiPath(raw): ApiPath<String>,
+    OptionalJson(input): OptionalJson<TokenInput>,
+) -> ApiResult {
+    let tenant = tenant_id(raw)?;
+    let (token, claims) = mint(&core, &tenant, input, DEFAULT_TOKEN_TTL_SECS).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({
@@ -146,4 +157,58 @@ pub(crate) async fn issue_token(
         })),
     )
         .into_response())
+}
+
+// ---- portal links ----
+
+/// Lifetime of a portal link issued without `ttl_seconds`: long enough to look around, short
+/// enough that a link pasted somewhere stops working the same day.
+const DEFAULT_PORTAL_TTL_SECS: u64 = 3600;
+
+/// A link to the portal for one tenant: a fresh tenant token in the URL's fragment, which
+/// browsers never send to a server nor put in a `Referer`; the portal reads it, keeps it in
+/// memory and takes it out of the address bar.
+pub(crate) async fn issue_portal_link(
+    State(core): State<AppState>,
+    headers: HeaderMap,
+    ApiPath(raw): ApiPath<String>,
+    OptionalJson(input): OptionalJson<TokenInput>,
+) -> ApiResult {
+    let tenant = tenant_id(raw)?;
+    let (token, claims) = mint(&core, &tenant, input, DEFAULT_PORTAL_TTL_SECS).await?;
+    let expires_at = unix_time_json(claims.exp);
+    let base = match &core.config.public_url {
+        Some(url) => url.clone(),
+        None => format!("http://{}", request_host(&headers, core.config.listen)),
+    };
+    // `name=value` pairs as a form encodes them, which `URLSearchParams` reads back.
+    let fragment = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("tenant", tenant.as_str())
+        .append_pair("token", &token)
+        .append_pair("expires", expires_at.as_str().unwrap_or_default())
+        .finish();
+    let url = format!("{base}/portal/#{fragment}");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "url": url,
+            "token": token,
+            "tenant_id": claims.tenant,
+            "expires_at": expires_at,
+        })),
+    )
+        .into_response())
+}
+
+/// The `Host` the client used when it is a plain `host[:port]`, else the listen address.
+fn request_host(headers: &HeaderMap, listen: std::net::SocketAddr) -> String {
+    headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        })
+        .map_or_else(|| listen.to_string(), str::to_owned)
 }

@@ -51,6 +51,7 @@ pub async fn run_log_store(store: &dyn LogStore) {
             log::latest_attempt_follows_the_rules,
             log::latest_attempt_breaks_time_ties_by_id,
             log::latest_attempts_agrees_with_single_lookups,
+            log::count_attempts_buckets_by_time_and_status,
         ]
     );
 }

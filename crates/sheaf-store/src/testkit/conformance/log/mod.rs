@@ -1,11 +1,13 @@
 //! [`LogStore`] conformance: idempotent inserts, exact round trips, listings and their cursors,
 //! tenant isolation, and the latest-attempt rules.
 
+mod counts;
 mod isolation;
 mod latest;
 mod listings;
 mod records;
 
+pub use counts::count_attempts_buckets_by_time_and_status;
 pub use isolation::reads_are_tenant_isolated;
 pub use latest::{
     latest_attempt_breaks_time_ties_by_id, latest_attempt_follows_the_rules,

@@ -1,0 +1,177 @@
+// #/destinations: the tenant's destinations; create a webhook, edit it, enable or disable it,
+// rotate its secret, delete it after a confirmation in the page. A signing secret is shown once,
+// right after it is made, in a box the reader dismisses.
+
+import * as api from './api.js';
+import { chartCard } from './chart.js';
+import {
+  h, replace, alertBox, loading, emptyState, button, whileBusy, field, badge,
+} from './ui.js';
+
+/** The signing secret in a destination (or a rotation's answer). */
+const secretOf = (d) => d?.credentials?.secret ?? d?.secret ?? '';
+
+const parseTopics = (text) => text.split(/[\s,]+/).map((t) => t.trim()).filter(Boolean);
+
+export function render(root, { signal }) {
+  const notice = h('div', { class: 'notice-slot', 'aria-live': 'polite' });
+  const list = h('div', { testid: 'destinations' }, loading('Loading destinations…'));
+
+  function showSecret(title, secret) {
+    replace(notice, h('div', { class: 'card secret-box', testid: 'secret-box', role: 'status' },
+      h('h3', {}, title),
+      h('p', {}, 'Use it to verify the webhook-signature header of each delivery. ',
+        h('strong', {}, 'It won’t be shown again'), ': copy it now.'),
+      h('code', { class: 'secret', testid: 'secret-value' }, secret),
+      h('div', { class: 'actions' },
+        button('Copy', (e) => copy(e.currentTarget, secret), { class: 'btn small' }),
+        button('Dismiss', () => notice.replaceChildren(),
+          { class: 'btn small', testid: 'secret-dismiss' }))));
+  }
+
+  async function load() {
+    try {
+      const page = await api.listDestinations({ signal });
+      replace(list, table(page.items));
+    } catch (error) {
+      if (error.name !== 'AbortError') replace(list, alertBox(error, 'destinations-error'));
+    }
+  }
+
+  function table(items) {
+    if (!items.length) {
+      return emptyState('destinations-empty', 'No destinations yet',
+        'Add a webhook above: Sheaf will POST every matching event to it.');
+    }
+    return h('table', { class: 'table' },
+      h('thead', {}, h('tr', {}, ['Type', 'URL', 'Topics', 'Status', 'Failures', ''].map(
+        (t) => h('th', { scope: 'col' }, t)))),
+      h('tbody', {}, items.map(row)));
+  }
+
+  function row(d) {
+    const tr = h('tr', { testid: 'destination-row', 'data-id': d.id });
+    const status = h('td', {});
+    const message = h('div', { class: 'row-message', 'aria-live': 'polite' });
+
+    function fill() {
+      replace(status, d.enabled ? badge('enabled', 'ok', 'destination-status')
+        : badge('disabled', 'off', 'destination-status'),
+      d.disabled_reason ? h('span', { class: 'muted small block' }, d.disabled_reason.reason) : null);
+      replace(tr,
+        h('td', {}, h('span', { class: 'type' }, d.type)),
+        h('td', { class: 'url' }, h('code', { testid: 'destination-url' }, d.config?.url ?? ''),
+          h('span', { class: 'muted small block mono' }, d.id)),
+        h('td', { testid: 'destination-topics' }, d.topics.map((t) => h('span', { class: 'chip' }, t))),
+        status,
+        h('td', { class: 'num', testid: 'destination-failures' }, String(d.consecutive_failures ?? 0)),
+        h('td', { class: 'row-actions' }, actions(), message));
+    }
+
+    function actions() {
+      return h('div', { class: 'actions' },
+        button('Edit', edit, { class: 'btn small', testid: 'destination-edit' }),
+        button(d.enabled ? 'Disable' : 'Enable', (e) => act(e.currentTarget, async () => {
+          d = await api.setDestinationEnabled(d.id, !d.enabled, { signal });
+          fill();
+        }), { class: 'btn small', testid: 'destination-toggle' }),
+        button('Rotate secret', (e) => act(e.currentTarget, async () => {
+          const rotated = await api.rotateSecret(d.id, { signal });
+          showSecret('New signing secret', secretOf(rotated));
+          if (rotated && rotated.id === d.id) d = rotated;
+          fill();
+        }), { class: 'btn small', testid: 'destination-rotate' }),
+        button('Delete', confirmDelete, { class: 'btn small danger', testid: 'destination-delete' }));
+    }
+
+    async function act(btn, work) {
+      message.replaceChildren();
+      try {
+        await whileBusy(btn, work);
+      } catch (error) {
+        if (error.name !== 'AbortError') replace(message, alertBox(error));
+      }
+    }
+
+    function confirmDelete() {
+      const yes = button('Delete', (e) => act(e.currentTarget, async () => {
+        await api.deleteDestination(d.id, { signal });
+        tr.remove();
+        load();
+      }), { class: 'btn small danger', testid: 'destination-delete-confirm' });
+      replace(tr.lastElementChild, h('div', { class: 'confirm', testid: 'delete-confirmation' },
+        h('p', {}, 'Delete this destination? Its pending deliveries stop.'),
+        h('div', { class: 'actions' }, yes, button('Cancel', fill, { class: 'btn small' }))),
+      message);
+      yes.focus();
+    }
+
+    function edit() {
+      const url = h('input', { type: 'url', required: true, value: d.config?.url ?? '', testid: 'edit-url' });
+      const topics = h('input', { type: 'text', required: true, value: d.topics.join(', '), testid: 'edit-topics' });
+      const form = h('form', { class: 'edit-form', testid: 'destination-edit-form' },
+        d.type === 'webhook' ? field('URL', url) : null,
+        field('Topics', topics, 'Comma-separated exact topics, or * alone for every topic'),
+        h('div', { class: 'actions' },
+          h('button', { type: 'submit', class: 'btn small primary', testid: 'edit-save' }, 'Save'),
+          button('Cancel', fill, { class: 'btn small' })), message);
+      form.addEventListener('submit', (e) => {
+        e.preventDefault();
+        const body = { topics: parseTopics(topics.value) };
+        if (d.type === 'webhook') body.config = { ...d.config, url: url.value.trim() };
+        act(form.querySelector('[type=submit]'), async () => {
+          d = await api.updateDestination(d.id, body, { signal });
+          fill();
+        });
+      });
+      replace(tr, h('td', { colspan: 6 }, form));
+      (d.type === 'webhook' ? url : topics).focus();
+    }
+
+    fill();
+    return tr;
+  }
+
+  root.append(h('div', { class: 'screen-head' }, h('h1', {}, 'Destinations'),
+    h('p', { class: 'muted' }, 'Where this tenant’s events are delivered.')),
+  createForm(), notice, h('section', { class: 'card' }, list), chartCard(signal));
+  load();
+
+  function createForm() {
+    const url = h('input', {
+      type: 'url', required: true, placeholder: 'https://example.com/webhooks', testid: 'create-url',
+    });
+    const topics = h('input', { type: 'text', required: true, value: '*', testid: 'create-topics' });
+    const submit = h('button', { type: 'submit', class: 'btn primary', testid: 'create-submit' }, 'Add webhook');
+    const message = h('div', { 'aria-live': 'polite' });
+    const form = h('form', { class: 'card create-form', testid: 'create-form' },
+      h('h2', {}, 'New webhook'),
+      h('div', { class: 'row' }, field('URL', url),
+        field('Topics', topics, 'Comma-separated exact topics, or * alone for every topic'),
+        h('div', { class: 'field field-submit' }, submit)), message);
+    form.addEventListener('submit', async (e) => {
+      e.preventDefault();
+      message.replaceChildren();
+      try {
+        const created = await whileBusy(submit, () => api.createDestination({
+          type: 'webhook', topics: parseTopics(topics.value), config: { url: url.value.trim() },
+        }, { signal }));
+        url.value = '';
+        showSecret('Webhook created: its signing secret', secretOf(created));
+        load();
+      } catch (error) {
+        if (error.name !== 'AbortError') replace(message, alertBox(error, 'create-error'));
+      }
+    });
+    return form;
+  }
+}
+
+async function copy(btn, text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    btn.textContent = 'Copied';
+  } catch {
+    btn.textContent = 'Select and copy it by hand';
+  }
+}
