@@ -1,24 +1,50 @@
 //! [`MemoryLogStore`]: events and attempts in ordered in-memory indexes, with a retention bound.
+//!
+//! Longer than 600 lines because the lean records, their indexes, retention and the rebuilding
+//! of the trait's types on every read are one representation, and splitting them would spread
+//! its invariants (an attempt lives no longer than its event) over several files.
+//!
+//! The store keeps records lean, because in the embedded default its size is most of the
+//! process's memory and nothing else bounds it:
+//!
+//! - a tenant's id is kept once, in its `TenantLog`, and a topic once, in an interning set:
+//!   every record and index entry shares them (`Arc<str>`);
+//! - an event's id is one `Arc<str>` shared by its map entry and its two index entries;
+//! - a payload is kept once, as the compact JSON text of its event (a parsed
+//!   `serde_json::Value` is a few times its text), and decoded when it is read;
+//! - an attempt keeps neither its event's topic nor its data: a read rebuilds the full
+//!   [`Attempt`] from the stored event. An attempt therefore lives no longer than its event:
+//!   when retention drops an event its attempts go with it, and an attempt written after its
+//!   event was dropped is not kept. Every read then returns what a store returns for an attempt
+//!   it never held (`None`, no list entry, no latest attempt), which is what a retry sees when
+//!   its previous attempt aged out anyway.
+//!
+//! [`MemoryLogStore::footprint`] estimates what the records hold, for tests to bound.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::ops::Bound;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::RwLock;
 use sheaf_store::{
-    Attempt, AttemptFilter, AttemptId, AttemptKey, Cursor, DestinationId, Event, EventFilter,
-    EventId, EventKey, LogStore, Page, PageRequest, Result, TenantId, Timestamp,
+    Attempt, AttemptCounts, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger,
+    Buckets, Cursor, DestinationId, Error, Event, EventFilter, EventId, EventKey, LogStore, Page,
+    PageRequest, Payload, Result, TenantId, Timestamp,
 };
 
 /// How much of the log the memory store keeps.
 ///
-/// A long-running embedded service must not grow without limit, so on every insert the store
-/// drops records, oldest first by their own time, until none is older than `max_age` and there
-/// are at most `max_events` events and `max_attempts` attempts. Dropping is by record time, not
-/// insertion order: a late write of an old record is the first to go.
+/// A long-running embedded service must not grow without limit, so on every insert, and in
+/// [`LogStore::maintain`] (which the service calls every few seconds, written to or not), the
+/// store drops records, oldest first by their own time, until none is older than `max_age` and
+/// there are at most `max_events` events and `max_attempts` attempts. Dropping is by record time,
+/// not insertion order: a late write of an old record is the first to go. An attempt goes with
+/// its event (it keeps no copy of the event's topic and payload), so `max_attempts` bounds the
+/// attempts of the events kept: retries and fan-out to several destinations.
 ///
 /// A retry whose previous attempt has been dropped finds no latest attempt and is treated like
 /// one whose attempt is not logged yet, so the bounds should comfortably exceed the retry
@@ -34,9 +60,11 @@ pub struct LogRetention {
 }
 
 impl Default for LogRetention {
-    /// Three days, 25,000 events and 100,000 attempts. An attempt shares its payload with its
-    /// stored event, so the payloads of the events dominate: at 2 KB of JSON each, the events
-    /// hold on the order of 100–250 MB (a parsed `serde_json::Value` is a few times its text).
+    /// Three days, 25,000 events and 100,000 attempts. Each payload is kept once, as its JSON
+    /// text; the rest of an event with one attempt, its records and index entries, is about
+    /// 0.7 KB (686 B of live heap per retained event beyond its payload, counted by the
+    /// allocator at 25,000 retained events after 125,000 written: docs/benchmarks.md,
+    /// "`memory`"), so at 2 KB of JSON each the log holds on the order of 70 MB.
     fn default() -> Self {
         LogRetention {
             max_age: Some(Duration::from_secs(3 * 24 * 3600)),
@@ -46,100 +74,320 @@ impl Default for LogRetention {
     }
 }
 
-type Triple = (TenantId, EventId, DestinationId);
+/// An event as the store keeps it; its tenant and id are the keys it is stored under.
+struct StoredEvent {
+    /// Interned: shared with every event of the same topic.
+    topic: Arc<str>,
+    time: Timestamp,
+    /// The payload as compact JSON text.
+    data: Box<[u8]>,
+    /// Its attempts by `(destination, time, id)`, ascending: the latest-attempt index (the last
+    /// entry of a destination is its newest attempt), and what goes when the event goes. Most
+    /// events have one or two, so a tight vector beats a tree.
+    attempts: Vec<(DestinationId, Timestamp, AttemptId)>,
+}
+
+/// An attempt as the store keeps it: without its event's topic and data.
+struct StoredAttempt {
+    /// Shared with the event's own key.
+    event_id: Arc<str>,
+    destination_id: DestinationId,
+    number: u32,
+    time: Timestamp,
+    status: AttemptStatus,
+    trigger: AttemptTrigger,
+    response_code: Option<u16>,
+    duration_ms: u32,
+    response_body: Option<Box<str>>,
+    error: Option<Box<str>>,
+}
+
+/// One tenant's records and its listing indexes.
+struct TenantLog {
+    /// The id once, cloned into the records a read rebuilds.
+    id: TenantId,
+    /// The same id, shared by the store-wide age indexes.
+    name: Arc<str>,
+    events: HashMap<Arc<str>, StoredEvent>,
+    /// For listings: `(time, id)` ascending, read backwards.
+    events_by_time: BTreeSet<(Timestamp, Arc<str>)>,
+    attempts: HashMap<AttemptId, StoredAttempt>,
+    attempts_by_time: BTreeSet<(Timestamp, AttemptId)>,
+}
+
+impl TenantLog {
+    fn new(id: &TenantId) -> Self {
+        TenantLog {
+            id: id.clone(),
+            name: Arc::from(id.as_str()),
+            events: HashMap::new(),
+            events_by_time: BTreeSet::new(),
+            attempts: HashMap::new(),
+            attempts_by_time: BTreeSet::new(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.attempts.is_empty()
+    }
+
+    /// The event `id` as the trait's type, its payload decoded only `with_data` (listings check
+    /// their filter first, which reads no payload, and decode only what they return).
+    fn event(&self, id: &str, stored: &StoredEvent, with_data: bool) -> Result<Event> {
+        Ok(Event {
+            tenant_id: self.id.clone(),
+            id: EventId::new(id)?,
+            topic: stored.topic.to_string(),
+            time: stored.time,
+            data: if with_data {
+                decode(&stored.data)?
+            } else {
+                Payload::default()
+            },
+        })
+    }
+
+    /// The attempt `id` as the trait's type, its topic and data (only `with_data`) read from its
+    /// event; `None` if the event is not stored, which retention never leaves behind.
+    fn attempt(
+        &self,
+        id: AttemptId,
+        stored: &StoredAttempt,
+        with_data: bool,
+    ) -> Result<Option<Attempt>> {
+        let Some(event) = self.events.get(&*stored.event_id) else {
+            return Ok(None);
+        };
+        Ok(Some(Attempt {
+            tenant_id: self.id.clone(),
+            id,
+            event_id: EventId::new(&*stored.event_id)?,
+            destination_id: stored.destination_id,
+            number: stored.number,
+            time: stored.time,
+            status: stored.status,
+            trigger: stored.trigger,
+            response_code: stored.response_code,
+            duration_ms: stored.duration_ms,
+            response_body: stored.response_body.as_deref().map(str::to_owned),
+            error: stored.error.as_deref().map(str::to_owned),
+            event_topic: event.topic.to_string(),
+            event_data: if with_data {
+                decode(&event.data)?
+            } else {
+                Payload::default()
+            },
+        }))
+    }
+}
+
+/// A payload as the store keeps it: compact JSON text.
+fn encode(data: &Payload) -> Result<Box<[u8]>> {
+    serde_json::to_vec(data.value())
+        .map(Vec::into_boxed_slice)
+        .map_err(|err| Error::backend("encode a payload", err))
+}
+
+/// A stored payload read back: equal to the one written, as a database backend's is.
+fn decode(data: &[u8]) -> Result<Payload> {
+    serde_json::from_slice(data)
+        .map(Payload::new)
+        .map_err(|err| Error::backend("decode a stored payload", err))
+}
 
 #[derive(Default)]
 struct LogState {
-    events: HashMap<EventKey, Event>,
-    /// Per tenant, for listings: `(time, id)` ascending, read backwards.
-    events_by_tenant: HashMap<TenantId, BTreeSet<(Timestamp, EventId)>>,
-    /// Every event, oldest first, for retention.
-    events_by_age: BTreeSet<(Timestamp, TenantId, EventId)>,
-    attempts: HashMap<(TenantId, AttemptId), Attempt>,
-    attempts_by_tenant: HashMap<TenantId, BTreeSet<(Timestamp, AttemptId)>>,
-    attempts_by_age: BTreeSet<(Timestamp, TenantId, AttemptId)>,
-    /// Per (tenant, event, destination), for the latest-attempt lookup: its last entry is the
-    /// newest attempt by `(time, id)`.
-    by_triple: HashMap<Triple, BTreeSet<(Timestamp, AttemptId)>>,
+    tenants: HashMap<Arc<str>, TenantLog>,
+    /// Every topic a stored event has, once; a topic leaves with its last event.
+    topics: HashSet<Arc<str>>,
+    /// Every event, oldest first, for retention: `(time, tenant, id)`.
+    events_by_age: BTreeSet<(Timestamp, Arc<str>, Arc<str>)>,
+    /// Every attempt, oldest first, for retention: `(time, tenant, id)`.
+    attempts_by_age: BTreeSet<(Timestamp, Arc<str>, AttemptId)>,
+}
+
+/// A hash map's table: one control byte and one slot per bucket (buckets run at least 8/7 of the
+/// capacity).
+fn map_bytes<K, V>(map: &HashMap<K, V>) -> usize {
+    map.capacity() * 8 / 7 * (size_of::<(K, V)>() + 1)
+}
+
+/// Gives a hash map back what removals took from it. A map that retention keeps at a steady
+/// size fills with the tombstones of removed entries, and when they leave no free slot the map
+/// grows to twice its buckets although it holds no more entries than before: the memory
+/// benchmark (`benches/benches/memory_footprint.rs`, docs/benchmarks.md, "`memory`") measured
+/// 654 B per retained event beyond its payload before retention first ran and 950 B after
+/// 100,000 more events, nearly all of it the two tables per tenant at twice their size. So a map
+/// less than half full is rehashed to fit, if that leaves it room for an eighth more entries
+/// (buckets are a power of two, at most 7/8 full): a map that has just grown for real is about
+/// half full, and one whose fitted size would be nearly full would only grow again at the next
+/// insert. At a steady 25,000 entries that is one rehash per ~3,600 inserts. It runs after every
+/// insert (where the growth happens) and every removal (a tenant whose traffic stopped shrinks
+/// as its records age out); the check itself is two comparisons.
+fn compact<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    let len = map.len();
+    if len < 64 || map.capacity() <= 2 * len {
+        return;
+    }
+    let fitted = (len * 8 / 7).next_power_of_two() * 7 / 8;
+    if fitted >= len + len / 8 {
+        map.shrink_to_fit();
+    }
+}
+
+/// A B-tree's nodes, which run at least half full: an estimate of 1.5 slots per entry.
+fn set_bytes<T>(set: &BTreeSet<T>) -> usize {
+    set.len() * size_of::<T>() * 3 / 2
+}
+
+/// An `Arc<str>`'s allocation: two counts and the text.
+fn arc_str_bytes(s: &str) -> usize {
+    2 * size_of::<usize>() + s.len()
 }
 
 impl LogState {
-    fn insert_event(&mut self, event: &Event) {
-        let key = event.key();
-        if self.events.contains_key(&key) {
+    fn footprint(&self) -> usize {
+        let mut bytes = map_bytes(&self.tenants)
+            + set_bytes(&self.events_by_age)
+            + set_bytes(&self.attempts_by_age)
+            + self.topics.capacity() * 8 / 7 * (size_of::<Arc<str>>() + 1)
+            + self.topics.iter().map(|t| arc_str_bytes(t)).sum::<usize>();
+        for tenant in self.tenants.values() {
+            bytes += arc_str_bytes(&tenant.name)
+                + tenant.id.as_str().len()
+                + map_bytes(&tenant.events)
+                + set_bytes(&tenant.events_by_time)
+                + map_bytes(&tenant.attempts)
+                + set_bytes(&tenant.attempts_by_time);
+            for (id, event) in &tenant.events {
+                bytes += arc_str_bytes(id)
+                    + event.data.len()
+                    + event.attempts.capacity()
+                        * size_of::<(DestinationId, Timestamp, AttemptId)>();
+            }
+            for attempt in tenant.attempts.values() {
+                bytes += attempt.response_body.as_deref().map_or(0, str::len)
+                    + attempt.error.as_deref().map_or(0, str::len);
+            }
+        }
+        bytes
+    }
+
+    fn insert_event(&mut self, event: &Event, data: Box<[u8]>) {
+        let tenant = self
+            .tenants
+            .entry(Arc::from(event.tenant_id.as_str()))
+            .or_insert_with(|| TenantLog::new(&event.tenant_id));
+        if tenant.events.contains_key(event.id.as_str()) {
             return;
         }
-        self.events_by_tenant
-            .entry(event.tenant_id.clone())
-            .or_default()
-            .insert((event.time, event.id.clone()));
+        let topic = match self.topics.get(event.topic.as_str()) {
+            Some(topic) => Arc::clone(topic),
+            None => {
+                let topic: Arc<str> = Arc::from(event.topic.as_str());
+                self.topics.insert(Arc::clone(&topic));
+                topic
+            }
+        };
+        let id: Arc<str> = Arc::from(event.id.as_str());
+        tenant.events_by_time.insert((event.time, Arc::clone(&id)));
         self.events_by_age
-            .insert((event.time, event.tenant_id.clone(), event.id.clone()));
-        self.events.insert(key, event.clone());
+            .insert((event.time, Arc::clone(&tenant.name), Arc::clone(&id)));
+        tenant.events.insert(
+            id,
+            StoredEvent {
+                topic,
+                time: event.time,
+                data,
+                attempts: Vec::new(),
+            },
+        );
+        compact(&mut tenant.events);
     }
 
+    /// Keeps the attempt if its event is stored (see the module's documentation for why one
+    /// whose event is not is dropped at once).
     fn insert_attempt(&mut self, attempt: &Attempt) {
-        let key = (attempt.tenant_id.clone(), attempt.id);
-        if self.attempts.contains_key(&key) {
+        let Some(tenant) = self.tenants.get_mut(attempt.tenant_id.as_str()) else {
+            return;
+        };
+        if tenant.attempts.contains_key(&attempt.id) {
             return;
         }
-        let mut attempt = attempt.clone();
-        // Share the stored event's payload instead of keeping a second copy of the same JSON.
-        let event_key = EventKey {
-            tenant_id: attempt.tenant_id.clone(),
-            event_id: attempt.event_id.clone(),
+        let Some((event_id, _)) = tenant.events.get_key_value(attempt.event_id.as_str()) else {
+            return;
         };
-        if let Some(event) = self.events.get(&event_key)
-            && event.data == attempt.event_data
-        {
-            attempt.event_data = event.data.clone();
-        }
-        self.attempts_by_tenant
-            .entry(attempt.tenant_id.clone())
-            .or_default()
-            .insert((attempt.time, attempt.id));
+        let event_id = Arc::clone(event_id);
+        let Some(event) = tenant.events.get_mut(&*event_id) else {
+            return;
+        };
+        let entry = (attempt.destination_id, attempt.time, attempt.id);
+        let at = event.attempts.partition_point(|e| *e < entry);
+        // Exactly one more: the vector stays as small as its attempts.
+        event.attempts.reserve_exact(1);
+        event.attempts.insert(at, entry);
+        tenant.attempts_by_time.insert((attempt.time, attempt.id));
         self.attempts_by_age
-            .insert((attempt.time, attempt.tenant_id.clone(), attempt.id));
-        self.by_triple
-            .entry((
-                attempt.tenant_id.clone(),
-                attempt.event_id.clone(),
-                attempt.destination_id,
-            ))
-            .or_default()
-            .insert((attempt.time, attempt.id));
-        self.attempts.insert(key, attempt);
+            .insert((attempt.time, Arc::clone(&tenant.name), attempt.id));
+        tenant.attempts.insert(
+            attempt.id,
+            StoredAttempt {
+                event_id,
+                destination_id: attempt.destination_id,
+                number: attempt.number,
+                time: attempt.time,
+                status: attempt.status,
+                trigger: attempt.trigger,
+                response_code: attempt.response_code,
+                duration_ms: attempt.duration_ms,
+                response_body: attempt.response_body.as_deref().map(Box::from),
+                error: attempt.error.as_deref().map(Box::from),
+            },
+        );
+        compact(&mut tenant.attempts);
     }
 
-    fn remove_event(&mut self, time: Timestamp, tenant: TenantId, id: EventId) {
-        if let Some(set) = self.events_by_tenant.get_mut(&tenant) {
-            set.remove(&(time, id.clone()));
-            if set.is_empty() {
-                self.events_by_tenant.remove(&tenant);
-            }
-        }
-        self.events.remove(&EventKey {
-            tenant_id: tenant,
-            event_id: id,
-        });
-    }
-
-    fn remove_attempt(&mut self, time: Timestamp, tenant: TenantId, id: AttemptId) {
-        let Some(attempt) = self.attempts.remove(&(tenant.clone(), id)) else {
+    /// Removes an event that has just left `events_by_age`, and its attempts with it.
+    fn remove_event(&mut self, time: Timestamp, tenant_name: &Arc<str>, id: &Arc<str>) {
+        let Some(tenant) = self.tenants.get_mut(&**tenant_name) else {
             return;
         };
-        if let Some(set) = self.attempts_by_tenant.get_mut(&tenant) {
-            set.remove(&(time, id));
-            if set.is_empty() {
-                self.attempts_by_tenant.remove(&tenant);
-            }
+        let Some(event) = tenant.events.remove(&**id) else {
+            return;
+        };
+        tenant.events_by_time.remove(&(time, Arc::clone(id)));
+        for (_, attempt_time, attempt_id) in event.attempts {
+            tenant.attempts.remove(&attempt_id);
+            tenant.attempts_by_time.remove(&(attempt_time, attempt_id));
+            self.attempts_by_age
+                .remove(&(attempt_time, Arc::clone(tenant_name), attempt_id));
         }
-        let triple = (tenant, attempt.event_id, attempt.destination_id);
-        if let Some(set) = self.by_triple.get_mut(&triple) {
-            set.remove(&(time, id));
-            if set.is_empty() {
-                self.by_triple.remove(&triple);
-            }
+        compact(&mut tenant.events);
+        compact(&mut tenant.attempts);
+        // The interning set's reference and this event's are the last two: no event has it now.
+        if Arc::strong_count(&event.topic) <= 2 {
+            self.topics.remove(&*event.topic);
+        }
+        if tenant.is_empty() {
+            self.tenants.remove(&**tenant_name);
+        }
+    }
+
+    /// Removes an attempt that has just left `attempts_by_age`.
+    fn remove_attempt(&mut self, time: Timestamp, tenant_name: &Arc<str>, id: AttemptId) {
+        let Some(tenant) = self.tenants.get_mut(&**tenant_name) else {
+            return;
+        };
+        let Some(attempt) = tenant.attempts.remove(&id) else {
+            return;
+        };
+        tenant.attempts_by_time.remove(&(time, id));
+        if let Some(event) = tenant.events.get_mut(&*attempt.event_id) {
+            event.attempts.retain(|(_, _, a)| *a != id);
+        }
+        compact(&mut tenant.attempts);
+        if tenant.is_empty() {
+            self.tenants.remove(&**tenant_name);
         }
     }
 
@@ -162,60 +410,72 @@ impl LogState {
                 break;
             }
             let (time, tenant, id) = self.events_by_age.pop_first().expect("checked above");
-            self.remove_event(time, tenant, id);
+            self.remove_event(time, &tenant, &id);
         }
         while let Some((time, _, _)) = self.attempts_by_age.first() {
             if self.attempts_by_age.len() <= retention.max_attempts && !too_old(*time) {
                 break;
             }
             let (time, tenant, id) = self.attempts_by_age.pop_first().expect("checked above");
-            self.remove_attempt(time, tenant, id);
+            self.remove_attempt(time, &tenant, id);
         }
     }
 
-    fn latest(&self, key: &AttemptKey) -> Option<Attempt> {
-        let triple = (
-            key.tenant_id.clone(),
-            key.event_id.clone(),
-            key.destination_id,
-        );
-        // The newest attempt of the triple is the answer if it is recent enough; if it is not,
-        // no older one can be.
-        let &(time, id) = self.by_triple.get(&triple)?.last()?;
-        if time < key.attempt_time {
-            return None;
+    fn latest(&self, key: &AttemptKey) -> Result<Option<Attempt>> {
+        let Some(tenant) = self.tenants.get(key.tenant_id.as_str()) else {
+            return Ok(None);
+        };
+        let Some(event) = tenant.events.get(key.event_id.as_str()) else {
+            return Ok(None);
+        };
+        // The newest attempt to the destination is the answer if it is recent enough; if it is
+        // not, no older one can be.
+        let end = event
+            .attempts
+            .partition_point(|(d, _, _)| *d <= key.destination_id);
+        let Some(&(destination, time, id)) = event.attempts[..end].last() else {
+            return Ok(None);
+        };
+        if destination != key.destination_id || time < key.attempt_time {
+            return Ok(None);
         }
-        self.attempts.get(&(key.tenant_id.clone(), id)).cloned()
+        match tenant.attempts.get(&id) {
+            Some(stored) => tenant.attempt(id, stored, true),
+            None => Ok(None),
+        }
     }
 }
 
 /// Walks `index` newest first, starting strictly after the cursor position, keeping the records
-/// that pass `keep`, and builds a page of at most `limit`.
+/// `fetch` returns, and builds a page of at most `limit`.
 fn page_from<I, T>(
     index: Option<&BTreeSet<(Timestamp, I)>>,
     after: Option<(Timestamp, I)>,
     limit: usize,
-    mut fetch: impl FnMut(&(Timestamp, I)) -> Option<T>,
+    mut fetch: impl FnMut(&(Timestamp, I)) -> Result<Option<T>>,
     position: impl Fn(&T) -> Cursor,
-) -> Page<T>
+) -> Result<Page<T>>
 where
     I: Ord + Clone,
 {
     let Some(index) = index else {
-        return Page::empty();
+        return Ok(Page::empty());
     };
     let upper = match after {
         Some(position) => Bound::Excluded(position),
         None => Bound::Unbounded,
     };
     // One more than the limit tells whether a next page exists.
-    let items: Vec<T> = index
-        .range((Bound::Unbounded, upper))
-        .rev()
-        .filter_map(&mut fetch)
-        .take(limit + 1)
-        .collect();
-    Page::from_overfetch(items, limit, position)
+    let mut items = Vec::new();
+    for entry in index.range((Bound::Unbounded, upper)).rev() {
+        if items.len() > limit {
+            break;
+        }
+        if let Some(item) = fetch(entry)? {
+            items.push(item);
+        }
+    }
+    Ok(Page::from_overfetch(items, limit, position))
 }
 
 /// The log store in memory. Cheap to share: wrap it in an `Arc` (`Arc<dyn LogStore>`).
@@ -241,7 +501,15 @@ impl MemoryLogStore {
     /// How many events and attempts the store holds now.
     pub fn len(&self) -> (usize, usize) {
         let state = self.state.read();
-        (state.events.len(), state.attempts.len())
+        (state.events_by_age.len(), state.attempts_by_age.len())
+    }
+
+    /// About how many bytes of memory the records and their indexes hold, counted from the
+    /// structures' lengths and capacities (payload text included, the allocator's rounding and
+    /// the B-trees' exact node layout estimated): what the retention bounds, for tests and
+    /// benchmarks to watch without an allocator of their own.
+    pub fn footprint(&self) -> usize {
+        self.state.read().footprint()
     }
 
     /// Whether the store holds no events and no attempts.
@@ -282,9 +550,14 @@ impl LogStore for MemoryLogStore {
     }
 
     async fn insert_many(&self, events: &[Event], attempts: &[Attempt]) -> Result<()> {
+        // Encoding before the lock keeps readers from waiting on it.
+        let encoded = events
+            .iter()
+            .map(|event| encode(&event.data))
+            .collect::<Result<Vec<_>>>()?;
         let mut state = self.state.write();
-        for event in events {
-            state.insert_event(event);
+        for (event, data) in events.iter().zip(encoded) {
+            state.insert_event(event, data);
         }
         for attempt in attempts {
             state.insert_attempt(attempt);
@@ -294,24 +567,31 @@ impl LogStore for MemoryLogStore {
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> Result<Option<Event>> {
-        let key = EventKey {
-            tenant_id: tenant.clone(),
-            event_id: id.clone(),
+        let state = self.state.read();
+        let Some(log) = state.tenants.get(tenant.as_str()) else {
+            return Ok(None);
         };
-        Ok(self.state.read().events.get(&key).cloned())
+        log.events
+            .get(id.as_str())
+            .map(|stored| log.event(id.as_str(), stored, true))
+            .transpose()
     }
 
     async fn get_events(&self, keys: &[EventKey]) -> Result<HashMap<EventKey, Event>> {
         let state = self.state.read();
-        Ok(keys
-            .iter()
-            .filter_map(|key| {
-                state
-                    .events
-                    .get(key)
-                    .map(|event| (key.clone(), event.clone()))
-            })
-            .collect())
+        let mut found = HashMap::with_capacity(keys.len());
+        for key in keys {
+            if found.contains_key(key) {
+                continue;
+            }
+            let Some(log) = state.tenants.get(key.tenant_id.as_str()) else {
+                continue;
+            };
+            if let Some(stored) = log.events.get(key.event_id.as_str()) {
+                found.insert(key.clone(), log.event(key.event_id.as_str(), stored, true)?);
+            }
+        }
+        Ok(found)
     }
 
     async fn list_events(
@@ -321,34 +601,42 @@ impl LogStore for MemoryLogStore {
         page: &PageRequest,
     ) -> Result<Page<Event>> {
         page.validate()?;
-        let after = page.cursor_position(|id| EventId::new(id))?;
+        let after = page
+            .cursor_position(|id| EventId::new(id))?
+            .map(|(time, id)| (time, Arc::<str>::from(id.as_str())));
         let state = self.state.read();
-        Ok(page_from(
-            state.events_by_tenant.get(tenant),
+        let log = state.tenants.get(tenant.as_str());
+        page_from(
+            log.map(|log| &log.events_by_time),
             after,
             page.limit_usize(),
             |(_, id)| {
-                let key = EventKey {
-                    tenant_id: tenant.clone(),
-                    event_id: id.clone(),
+                let Some((log, stored)) = log.and_then(|log| Some((log, log.events.get(id)?)))
+                else {
+                    return Ok(None);
                 };
-                state
-                    .events
-                    .get(&key)
-                    .filter(|e| filter.matches(e))
-                    .cloned()
+                // The filter reads no payload (a suite case would catch one that started to):
+                // decode only what is returned.
+                let mut event = log.event(id, stored, false)?;
+                if !filter.matches(&event) {
+                    return Ok(None);
+                }
+                event.data = decode(&stored.data)?;
+                Ok(Some(event))
             },
             |e: &Event| Cursor::new(e.time, e.id.as_str()),
-        ))
+        )
     }
 
     async fn get_attempt(&self, tenant: &TenantId, id: &AttemptId) -> Result<Option<Attempt>> {
-        Ok(self
-            .state
-            .read()
-            .attempts
-            .get(&(tenant.clone(), *id))
-            .cloned())
+        let state = self.state.read();
+        let Some(log) = state.tenants.get(tenant.as_str()) else {
+            return Ok(None);
+        };
+        match log.attempts.get(id) {
+            Some(stored) => log.attempt(*id, stored, true),
+            None => Ok(None),
+        }
     }
 
     async fn list_attempts(
@@ -360,23 +648,65 @@ impl LogStore for MemoryLogStore {
         page.validate()?;
         let after = page.cursor_position(AttemptId::from_str)?;
         let state = self.state.read();
-        Ok(page_from(
-            state.attempts_by_tenant.get(tenant),
+        let log = state.tenants.get(tenant.as_str());
+        page_from(
+            log.map(|log| &log.attempts_by_time),
             after,
             page.limit_usize(),
             |(_, id)| {
-                state
-                    .attempts
-                    .get(&(tenant.clone(), *id))
-                    .filter(|a| filter.matches(a))
-                    .cloned()
+                let Some((log, stored)) = log.and_then(|log| Some((log, log.attempts.get(id)?)))
+                else {
+                    return Ok(None);
+                };
+                // As for events: filter first, decode only what is returned.
+                let Some(mut attempt) = log.attempt(*id, stored, false)? else {
+                    return Ok(None);
+                };
+                if !filter.matches(&attempt) {
+                    return Ok(None);
+                }
+                if let Some(event) = log.events.get(&*stored.event_id) {
+                    attempt.event_data = decode(&event.data)?;
+                }
+                Ok(Some(attempt))
             },
             |a: &Attempt| Cursor::new(a.time, a.id.to_string()),
-        ))
+        )
+    }
+
+    async fn count_attempts(
+        &self,
+        tenant: &TenantId,
+        buckets: &Buckets,
+    ) -> Result<Vec<AttemptCounts>> {
+        // The time index gives the window; only the status of each attempt in it is read, no
+        // record is rebuilt and no payload decoded.
+        let mut counts = buckets.empty();
+        let state = self.state.read();
+        let Some(log) = state.tenants.get(tenant.as_str()) else {
+            return Ok(counts);
+        };
+        let window = (
+            Bound::Included((buckets.since, AttemptId::MIN)),
+            Bound::Excluded((buckets.until(), AttemptId::MIN)),
+        );
+        for (time, id) in log.attempts_by_time.range(window) {
+            let (Some(bucket), Some(stored)) = (
+                buckets.index(*time).and_then(|i| counts.get_mut(i)),
+                log.attempts.get(id),
+            ) else {
+                continue;
+            };
+            match stored.status {
+                AttemptStatus::Success => bucket.success += 1,
+                AttemptStatus::Failed => bucket.failed += 1,
+            }
+        }
+        Ok(counts)
     }
 
     async fn latest_attempt(&self, key: &AttemptKey) -> Result<Option<Attempt>> {
-        Ok(self.state.read().latest(key))
+        self.state.read().latest(key)
     }
 
     async fn latest_attempts(&self, keys: &[AttemptKey]) -> Result<HashMap<AttemptKey, Attempt>> {
@@ -388,7 +718,7 @@ impl LogStore for MemoryLogStore {
             if !asked.insert(key) {
                 continue;
             }
-            if let Some(attempt) = state.latest(key) {
+            if let Some(attempt) = state.latest(key)? {
                 found.insert(key.clone(), attempt);
             }
         }

@@ -150,6 +150,10 @@ macro_rules! uuid_id {
         pub struct $name(Uuid);
 
         impl $name {
+            /// The smallest id (the nil UUID): with a time, the lower end of a range over an
+            /// index ordered by `(time, id)`.
+            pub const MIN: Self = Self(Uuid::nil());
+
             /// A fresh UUIDv7: ids made later sort later (to the millisecond, and in creation order
             /// within this process).
             pub fn generate() -> Self {
