@@ -1,21 +1,25 @@
-//! The latest-attempt lookups: one key with a point query, many keys with a two-step batched
-//! query shape that reads payloads only for the rows it returns.
+//! The latest-attempt lookups: one key with a point query, many keys with one batched query
+//! that keeps the newest row of every `(tenant, event, destination)` asked.
 //!
-//! The batched query has two steps in one statement. A grouped subquery finds, for every
-//! `(tenant, event, destination)` asked, the `(time, id)` of its newest attempt no older than the
-//! oldest key's bound. The outer query reads the rows with exactly those keys, ordered newest
-//! first under a `LIMIT` of one row per triple, with
-//! `SETTINGS query_plan_max_limit_for_lazy_materialization = <limit>` so the server reads payload
-//! columns only for the rows it returns. In Rust, each key's own bound is applied to its
-//! triple's row, and copies of a row that ClickHouse has not merged yet count once.
+//! The batched query reads the asked triples through the primary key, bounded by the oldest
+//! key's time, sorts them newest first within each triple and keeps one row per triple
+//! (`LIMIT 1 BY`), under an outer `LIMIT` of one row per triple with
+//! `SETTINGS query_plan_max_limit_for_lazy_materialization = <limit>`. In Rust, each key's own
+//! bound is applied to its triple's row. `LIMIT 1 BY` also keeps a single copy of a row that
+//! ClickHouse has not merged yet, so copies cannot push another triple's row past the outer
+//! `LIMIT`; should the result still reach the limit with a triple missing, its keys are looked
+//! up one by one (a guard kept from the two-step shape, where copies did that). A server that
+//! refuses the setting (unknown, read-only, constrained) gets the same query without it; the
+//! store notices that once and remembers.
 //!
-//! Those copies are why the result can be incomplete: the `LIMIT` counts rows, so a triple
-//! with unmerged copies can push another triple's row past it. When the result reaches the
-//! limit, keys whose triple is missing are looked up one by one. A server that refuses the
-//! setting (unknown, read-only, constrained) gets the same query without it; the store notices
-//! that once and remembers. The answer is the same, the bytes are not: on 200,000 attempts a
-//! 100-key batch read 2.8 MB with the setting and 6.1 MB without, at the same CPU (~40 ms;
-//! docs/benchmarks.md, "sheaf-clickhouse's cost test").
+//! Why one step and not two: the earlier shape found the newest `(time, id)` per triple in a
+//! grouped subquery, then read the rows by those five-column keys. ClickHouse builds that
+//! subquery's set while planning the outer query and then filters the primary key's marks a
+//! second time with it, so a 100-key batch paid for mark filtering twice, and most of its CPU was
+//! planning (`QueryPlanOptimizeMicroseconds`). At 1,000,000 attempts the one-step query costs
+//! about 0.6 of the two-step one per key in the same run (0.89 against 1.51 ms), and reads the
+//! same bytes: with 64 KiB granules, PREWHERE on the key columns already limits payload reads to
+//! the granules holding the rows (docs/benchmarks.md, "`lookup`", both shapes side by side).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -37,23 +41,18 @@ fn triple_of(key: &AttemptKey) -> Triple {
 }
 
 /// The batched query for `limit` triples, with or without the lazy materialization limit.
-/// Binds: the triples, then the oldest bound twice.
+/// Binds: the triples, then the oldest bound.
 fn batch_sql(limit: usize, with_lazy_limit: bool) -> String {
-    // `argMax` over `(time, toString(id))`: the newest time, and on equal times the greater id
-    // bytewise (native UUID comparison is not bytewise). The outer tuple `IN` starts with the
-    // primary key's columns, so the server reads only the granules that hold those rows.
+    // Newest first within each triple; on equal times the greater id bytewise (native UUID
+    // comparison is not bytewise), the order every backend shares. The triple `IN` is the
+    // primary key's prefix, so the server reads only the granules that hold those rows.
     let mut sql = format!(
         "SELECT ?fields FROM attempts \
-         WHERE (tenant_id, event_id, destination_id, attempt_time, attempt_id) IN ( \
-            SELECT tenant_id, event_id, destination_id, \
-                argMax(attempt_time, (attempt_time, toString(attempt_id))), \
-                argMax(attempt_id, (attempt_time, toString(attempt_id))) \
-            FROM attempts \
-            WHERE (tenant_id, event_id, destination_id) IN ? \
-                AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
-            GROUP BY tenant_id, event_id, destination_id) \
-         AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
-         ORDER BY attempt_time DESC \
+         WHERE (tenant_id, event_id, destination_id) IN ? \
+            AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
+         ORDER BY tenant_id, event_id, destination_id, \
+            attempt_time DESC, toString(attempt_id) DESC \
+         LIMIT 1 BY tenant_id, event_id, destination_id \
          LIMIT {limit}"
     );
     if with_lazy_limit {
@@ -133,7 +132,8 @@ impl ClickHouseLogStore {
         let limit = chunk.len();
         let reached_limit = rows.len() >= limit;
 
-        // Unmerged copies of a row are identical, so keeping the newest per triple keeps one.
+        // `LIMIT 1 BY` returns one row per triple; keeping the newest per triple here as well
+        // costs nothing and does not depend on it.
         let mut newest: HashMap<Triple, Attempt> = HashMap::with_capacity(limit);
         for row in rows {
             let attempt = row.into_attempt()?;
@@ -162,7 +162,7 @@ impl ClickHouseLogStore {
                     }
                 }
                 // Below the limit a missing triple has no attempt since the oldest bound. At the
-                // limit it may have been cut off by copies of other rows: ask for it alone.
+                // limit it might have been cut off (not with `LIMIT 1 BY`): ask for it alone.
                 None if reached_limit => {
                     for key in keys {
                         self.row_limit_fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -197,7 +197,6 @@ impl ClickHouseLogStore {
                 self.client
                     .query(&batch_sql(chunk.len(), with_lazy_limit))
                     .bind(&triples)
-                    .bind(oldest_micros)
                     .bind(oldest_micros)
             },
         )

@@ -16,11 +16,11 @@
 //!   table, each writing what it gathered as one RowBinary `INSERT`; `insert_many` returns when
 //!   the writes carrying its records are done. Parts are bounded per wait window, not per call
 //!   (docs/benchmarks.md, "parts"); the bounds and the wait are [`ClickHouseConfig::write`].
-//! - **Latest attempts** use a two-step batched shape (see `latest.rs`): a grouped subquery for
-//!   the newest `(time, id)` per key since the oldest key's bound, the rows by those keys under
-//!   an outer `LIMIT` with `query_plan_max_limit_for_lazy_materialization`, each key's own bound
-//!   and the deduplication of unmerged copies in Rust, a one-by-one fallback when the result
-//!   reaches the limit, and the same query without the setting on servers that refuse it.
+//! - **Latest attempts** use one batched query (see `latest.rs`): the asked triples through the
+//!   primary key since the oldest key's bound, newest first, `LIMIT 1 BY` triple under an outer
+//!   `LIMIT` with `query_plan_max_limit_for_lazy_materialization`; each key's own bound in Rust,
+//!   a one-by-one fallback should the result reach the limit with a triple missing, and the same
+//!   query without the setting on servers that refuse it.
 //! - **Errors** from the driver become the store's kinds in one place (`error.rs`): network
 //!   failures, timeouts and overload are `Unavailable`.
 //!

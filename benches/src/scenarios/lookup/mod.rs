@@ -2,6 +2,10 @@
 //! the retry path's coalesced latest-attempt lookups (docs/benchmarks.md, "`lookup`", with its
 //! earlier measurements).
 //!
+//! Longer than 600 lines because the variants, their diagnostic tweaks and the runners that
+//! query each table are one list of experiments that reads top to bottom; the measuring is in
+//! `measure.rs` and the tables in `summary.rs`.
+//!
 //! The same attempts (~2 KB payloads over 30 days; 1,000,000 at full size) are generated
 //! server-side in three places: ClickHouse in Sheaf's layout (the `attempts` table of
 //! `sheaf-clickhouse`), ClickHouse in the time-ordered baseline layout (`sheaf_testenv`'s
@@ -116,12 +120,88 @@ struct Variant {
     spread: Spread,
     /// Lazy materialization on (ClickHouse batches only).
     lazy: bool,
-    /// Projection analysis on (`optimize_use_projections`, the server's default). Off only in a
-    /// diagnostic variant: planning a query against the `by_tenant_time` projection is most of
-    /// a batch's CPU on a large table (`QueryPlanOptimizeMicroseconds` in `query_log`).
-    projections: bool,
+    /// A diagnostic change to Sheaf's batch (its query settings, its shape or its table), or none.
+    tweak: Tweak,
     queries: usize,
 }
+
+/// The diagnostics measured beside Sheaf's batch of 100, to show what its CPU depends on. None
+/// of them is the store's configuration; each row says what it changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Tweak {
+    /// The store as shipped.
+    None,
+    /// `optimize_use_projections = 0`: no planning against the `by_tenant_time` projection.
+    ProjectionsOff,
+    /// `use_skip_indexes = 0, use_query_condition_cache = 0`: neither the `attempt_id` bloom
+    /// filter nor the query condition cache is consulted.
+    SkipIndexesOff,
+    /// `optimize_read_in_order = 0`.
+    ReadInOrderOff,
+    /// The earlier two-step shape (the newest `(time, id)` per triple in a grouped subquery, then
+    /// the rows by those keys), by hand on Sheaf's table.
+    TwoStep,
+    /// Sheaf's query by hand on a copy of the table with 128 KiB granules
+    /// (`index_granularity_bytes = 131072`, `index_granularity = 1024`).
+    Granules128K,
+    /// Sheaf's query by hand on a copy of the table with a shorter primary key,
+    /// `PRIMARY KEY (tenant_id, event_id, destination_id)`, the sort key unchanged.
+    ShortPrimaryKey,
+}
+
+impl Tweak {
+    fn label(self) -> &'static str {
+        match self {
+            Tweak::None => "",
+            Tweak::ProjectionsOff => "projection analysis off",
+            Tweak::SkipIndexesOff => "skip indexes and query condition cache off",
+            Tweak::ReadInOrderOff => "read in order off",
+            Tweak::TwoStep => "two-step shape (before)",
+            Tweak::Granules128K => "table with 128 KiB granules",
+            Tweak::ShortPrimaryKey => "table with PRIMARY KEY (tenant, event, destination)",
+        }
+    }
+
+    fn short(self) -> &'static str {
+        match self {
+            Tweak::None => "",
+            Tweak::ProjectionsOff => ", no proj.",
+            Tweak::SkipIndexesOff => ", no skip idx",
+            Tweak::ReadInOrderOff => ", no in-order",
+            Tweak::TwoStep => ", two-step",
+            Tweak::Granules128K => ", 128 KiB gran.",
+            Tweak::ShortPrimaryKey => ", PK of 3",
+        }
+    }
+
+    /// Query settings the tweak sends with every lookup.
+    fn settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Tweak::ProjectionsOff => &[("optimize_use_projections", "0")],
+            Tweak::SkipIndexesOff => &[
+                ("use_skip_indexes", "0"),
+                ("use_query_condition_cache", "0"),
+            ],
+            Tweak::ReadInOrderOff => &[("optimize_read_in_order", "0")],
+            _ => &[],
+        }
+    }
+
+    /// The table a by-hand variant reads, for those that do not go through the store.
+    fn by_hand_table(self) -> Option<&'static str> {
+        match self {
+            Tweak::TwoStep => Some("attempts"),
+            Tweak::Granules128K => Some(GRANULES_128K_TABLE),
+            Tweak::ShortPrimaryKey => Some(SHORT_PK_TABLE),
+            _ => None,
+        }
+    }
+}
+
+/// The copy of `attempts` with 128 KiB granules.
+const GRANULES_128K_TABLE: &str = "attempts_granules_128k";
+/// The copy of `attempts` whose primary key is the triple only.
+const SHORT_PK_TABLE: &str = "attempts_short_pk";
 
 impl Variant {
     fn shape(&self) -> String {
@@ -131,8 +211,8 @@ impl Variant {
         };
         if self.store != Store::Postgres && self.keys_per_query > 1 && !self.lazy {
             format!("{base}, lazy materialization off")
-        } else if !self.projections {
-            format!("{base}, projection analysis off")
+        } else if self.tweak != Tweak::None {
+            format!("{base}, {}", self.tweak.label())
         } else {
             base
         }
@@ -140,12 +220,12 @@ impl Variant {
 
     fn slug(&self) -> String {
         format!(
-            "{:?}-{}-{:?}-{}{}",
+            "{:?}-{}-{:?}-{}-{:?}",
             self.store,
             self.keys_per_query,
             self.spread,
             if self.lazy { "lazy" } else { "eager" },
-            if self.projections { "" } else { "-noproj" }
+            self.tweak
         )
         .to_lowercase()
     }
@@ -157,10 +237,8 @@ impl Variant {
         };
         let lazy = if self.store != Store::Postgres && self.keys_per_query > 1 && !self.lazy {
             ", lazy off"
-        } else if !self.projections {
-            ", no proj."
         } else {
-            ""
+            self.tweak.short()
         };
         format!(
             "{} x{} {spread}{lazy}",
@@ -194,6 +272,13 @@ enum Runner {
     Sheaf(Arc<dyn LogStore>),
     // Boxed: a client is large next to an `Arc`.
     TimeOrdered(Box<Client>),
+    /// A Sheaf-layout table queried by hand: the earlier two-step shape, or Sheaf's query on a
+    /// copy of the table with another layout.
+    ByHand {
+        client: Box<Client>,
+        table: &'static str,
+        two_step: bool,
+    },
 }
 
 impl Runner {
@@ -220,6 +305,36 @@ impl Runner {
                 let rows = time_ordered::lookup(client, keys, "TabSeparated").await?;
                 Ok(rows.iter().filter(|b| **b == b'\n').count())
             }
+            Runner::ByHand {
+                client,
+                table,
+                two_step,
+            } => {
+                let triples: Vec<(&str, &str, String)> = keys
+                    .iter()
+                    .map(|k| {
+                        (
+                            k.tenant_id.as_str(),
+                            k.event_id.as_str(),
+                            k.destination_id.to_string(),
+                        )
+                    })
+                    .collect();
+                let oldest = keys
+                    .iter()
+                    .map(|k| k.attempt_time.as_micros())
+                    .min()
+                    .unwrap_or(0);
+                let mut query = client
+                    .query(&by_hand_sql(table, keys.len(), *two_step))
+                    .bind(triples)
+                    .bind(oldest);
+                if *two_step {
+                    query = query.bind(oldest);
+                }
+                let rows = query.fetch_bytes("TabSeparated")?.collect().await?;
+                Ok(rows.iter().filter(|b| **b == b'\n').count())
+            }
         }
     }
 }
@@ -240,7 +355,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let start_micros = Timestamp::now().as_micros() - SPAN_MICROS - 3_600_000_000;
     let step = SPAN_MICROS / sizes.events;
 
-    let setup = Progress::new("lookup: generate data", 6);
+    let setup = Progress::new("lookup: generate data", 8);
     let base = ClickHouseLogStore::connect(ch_db.config())?;
     base.migrate().await?;
     ch_db
@@ -268,6 +383,25 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
             .await?;
         setup.inc(1);
     }
+
+    // The layouts measured beside Sheaf's, on the same rows.
+    copy_attempts(
+        &ch_db,
+        GRANULES_128K_TABLE,
+        "index_granularity = 256, index_granularity_bytes = 65536",
+        "index_granularity = 1024, index_granularity_bytes = 131072",
+    )
+    .await?;
+    setup.inc(1);
+    copy_attempts(
+        &ch_db,
+        SHORT_PK_TABLE,
+        "ORDER BY (tenant_id, event_id, destination_id, attempt_time, attempt_id)",
+        "PRIMARY KEY (tenant_id, event_id, destination_id) \
+         ORDER BY (tenant_id, event_id, destination_id, attempt_time, attempt_id)",
+    )
+    .await?;
+    setup.inc(1);
 
     let stores = sheaf_postgres::PostgresStores::new(pg_schema.config(8))?;
     stores.migrate().await?;
@@ -308,12 +442,68 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     setup.inc(1);
     setup.finish();
 
-    // Keys: distinct per variant within a table, reused across tables.
-    // Sheaf's layout asks the most keys over the month: single, 10, and three batch-of-100 sets
-    // (lazy, eager, projection analysis off); within the window, two.
-    let month_needed =
-        sizes.single_queries + 10 * sizes.batch10_queries + 3 * 100 * sizes.batch100_queries;
-    let near_needed = 2 * 100 * sizes.batch100_queries;
+    let mut variants = Vec::new();
+    for store in [
+        Store::ClickHouseSheaf,
+        Store::ClickHouseTimeOrdered,
+        Store::Postgres,
+    ] {
+        let ch = store != Store::Postgres;
+        let v = |keys_per_query, spread, lazy, queries| Variant {
+            store,
+            keys_per_query,
+            spread,
+            lazy,
+            tweak: Tweak::None,
+            queries,
+        };
+        variants.push(v(1, Spread::Month, true, sizes.single_queries));
+        variants.push(v(10, Spread::Month, true, sizes.batch10_queries));
+        variants.push(v(100, Spread::Month, true, sizes.batch100_queries));
+        variants.push(v(100, Spread::Near, true, sizes.batch100_queries));
+        if ch {
+            variants.push(v(100, Spread::Month, false, sizes.batch100_queries));
+        }
+        if store == Store::ClickHouseSheaf {
+            let tweaked = |tweak, spread| Variant {
+                tweak,
+                ..v(100, spread, true, sizes.batch100_queries)
+            };
+            for spread in [Spread::Month, Spread::Near] {
+                variants.push(tweaked(Tweak::TwoStep, spread));
+                variants.push(tweaked(Tweak::ProjectionsOff, spread));
+            }
+            for tweak in [
+                Tweak::SkipIndexesOff,
+                Tweak::ReadInOrderOff,
+                Tweak::Granules128K,
+                Tweak::ShortPrimaryKey,
+            ] {
+                variants.push(tweaked(tweak, Spread::Month));
+            }
+        }
+    }
+
+    // Keys: distinct per variant within a table (Sheaf's variants, its copies included, share
+    // one sequence), reused across tables.
+    let needed = |spread: Spread| {
+        [
+            Store::ClickHouseSheaf,
+            Store::ClickHouseTimeOrdered,
+            Store::Postgres,
+        ]
+        .iter()
+        .map(|store| {
+            variants
+                .iter()
+                .filter(|v| v.store == *store && v.spread == spread)
+                .map(|v| v.keys_per_query * v.queries)
+                .sum::<usize>()
+        })
+        .max()
+        .unwrap_or(0)
+    };
+    let (month_needed, near_needed) = (needed(Spread::Month), needed(Spread::Near));
     let month_keys = pick_keys(&ch_db, i64::MIN, i64::MAX, month_needed).await?;
     let near_from = start_micros + SPAN_MICROS / 2;
     let near_keys = pick_keys(
@@ -329,38 +519,6 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         month_keys.len(),
         near_keys.len()
     );
-
-    let mut variants = Vec::new();
-    for store in [
-        Store::ClickHouseSheaf,
-        Store::ClickHouseTimeOrdered,
-        Store::Postgres,
-    ] {
-        let ch = store != Store::Postgres;
-        let v = |keys_per_query, spread, lazy, queries| Variant {
-            store,
-            keys_per_query,
-            spread,
-            lazy,
-            projections: true,
-            queries,
-        };
-        variants.push(v(1, Spread::Month, true, sizes.single_queries));
-        variants.push(v(10, Spread::Month, true, sizes.batch10_queries));
-        variants.push(v(100, Spread::Month, true, sizes.batch100_queries));
-        variants.push(v(100, Spread::Near, true, sizes.batch100_queries));
-        if ch {
-            variants.push(v(100, Spread::Month, false, sizes.batch100_queries));
-        }
-        if store == Store::ClickHouseSheaf {
-            for spread in [Spread::Month, Spread::Near] {
-                variants.push(Variant {
-                    projections: false,
-                    ..v(100, spread, true, sizes.batch100_queries)
-                });
-            }
-        }
-    }
 
     let progress = Progress::new("lookup: measure", variants.len() as u64 * 2);
     let mut measured = Vec::new();
@@ -462,7 +620,19 @@ fn runner(
                     .settings
                     .push((LAZY_SWITCH.to_owned(), "0".to_owned()));
             }
-            Runner::Sheaf(Arc::new(ClickHouseLogStore::connect(config)?))
+            for (name, value) in variant.tweak.settings() {
+                config
+                    .settings
+                    .push(((*name).to_owned(), (*value).to_owned()));
+            }
+            match variant.tweak.by_hand_table() {
+                Some(table) => Runner::ByHand {
+                    client: Box::new(db.client().with_setting("log_comment", tag)),
+                    table,
+                    two_step: variant.tweak == Tweak::TwoStep,
+                },
+                None => Runner::Sheaf(Arc::new(ClickHouseLogStore::connect(config)?)),
+            }
         }
         Store::ClickHouseTimeOrdered => {
             let mut client = db.client().with_setting("log_comment", tag);
@@ -473,4 +643,61 @@ fn runner(
         }
         Store::Postgres => Runner::Sheaf(stores.log_store()),
     })
+}
+
+/// The by-hand batch on `table`: Sheaf's query (binds: the triples, the oldest bound), or the
+/// earlier two-step shape (binds: the triples, the oldest bound twice), both with the lazy
+/// materialization limit as the store sends it.
+fn by_hand_sql(table: &str, limit: usize, two_step: bool) -> String {
+    let body = if two_step {
+        format!(
+            "SELECT {COLUMNS} FROM {table} \
+             WHERE (tenant_id, event_id, destination_id, attempt_time, attempt_id) IN ( \
+                SELECT tenant_id, event_id, destination_id, \
+                    argMax(attempt_time, (attempt_time, toString(attempt_id))), \
+                    argMax(attempt_id, (attempt_time, toString(attempt_id))) \
+                FROM {table} \
+                WHERE (tenant_id, event_id, destination_id) IN ? \
+                    AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
+                GROUP BY tenant_id, event_id, destination_id) \
+             AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
+             ORDER BY attempt_time DESC"
+        )
+    } else {
+        format!(
+            "SELECT {COLUMNS} FROM {table} \
+             WHERE (tenant_id, event_id, destination_id) IN ? \
+                AND attempt_time >= fromUnixTimestamp64Micro(?, 'UTC') \
+             ORDER BY tenant_id, event_id, destination_id, \
+                attempt_time DESC, toString(attempt_id) DESC \
+             LIMIT 1 BY tenant_id, event_id, destination_id"
+        )
+    };
+    format!("{body} LIMIT {limit} SETTINGS query_plan_max_limit_for_lazy_materialization = {limit}")
+}
+
+/// Creates `copy`, a copy of Sheaf's `attempts` (its statement as the server prints it, with
+/// `from` replaced by `to`), fills it with the same rows and merges it like the original.
+async fn copy_attempts(db: &ChDb, copy: &str, from: &str, to: &str) -> anyhow::Result<()> {
+    let statement: String = db
+        .client()
+        .query(
+            "SELECT create_table_query FROM system.tables WHERE database = ? AND name = 'attempts'",
+        )
+        .bind(db.database.as_str())
+        .fetch_one()
+        .await
+        .context("read the attempts table's statement")?;
+    let name = format!("{}.attempts ", db.database);
+    ensure!(
+        statement.contains(&name) && statement.contains(from),
+        "unexpected statement for attempts: {statement}"
+    );
+    let statement = statement
+        .replacen(&name, &format!("{}.{copy} ", db.database), 1)
+        .replacen(from, to, 1);
+    db.execute(&statement).await?;
+    db.execute(&format!("INSERT INTO {copy} SELECT * FROM attempts"))
+        .await?;
+    db.execute(&format!("OPTIMIZE TABLE {copy} FINAL")).await
 }

@@ -1,7 +1,7 @@
 //! The `lookup` scenario's report: the table of every variant, the targets, the notes on how it
 //! was measured, and the figure.
 
-use super::{Measured, QUESTION, Sizes, Spread, Store};
+use super::{Measured, QUESTION, Sizes, Spread, Store, Tweak};
 use crate::context::Ctx;
 use crate::plot::{Bar, Figure, Panel};
 use crate::report::{self, PeakRss, Report, Table};
@@ -19,7 +19,7 @@ pub(super) fn build_report(
                 && m.variant.keys_per_query == keys
                 && m.variant.spread == spread
                 && m.variant.lazy == lazy
-                && m.variant.projections
+                && m.variant.tweak == Tweak::None
         })
     };
     let time_ordered_single = find(Store::ClickHouseTimeOrdered, 1, Spread::Month, true)
@@ -118,8 +118,10 @@ pub(super) fn build_report(
             worst_bytes <= 100_000.0,
         );
     }
-    let no_projections: Vec<&Measured> =
-        measured.iter().filter(|m| !m.variant.projections).collect();
+    let no_projections: Vec<&Measured> = measured
+        .iter()
+        .filter(|m| m.variant.tweak == Tweak::ProjectionsOff)
+        .collect();
     if let ([month, near_m, ..], [Some(with_month), Some(with_near)]) =
         (no_projections.as_slice(), b100)
     {
