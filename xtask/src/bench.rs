@@ -21,10 +21,11 @@ pub const SCENARIOS: &[&str] = &[
     "burst",
     "cdc",
     "destinations",
+    "memory",
 ];
 
 /// Scenarios that spawn `sheaf` processes, so the binary must be built first.
-const SPAWNS_SHEAF: &[&str] = &["delivery", "burst", "cdc", "destinations"];
+const SPAWNS_SHEAF: &[&str] = &["delivery", "burst", "cdc", "destinations", "memory"];
 
 /// `cargo xtask bench …`: parses the arguments, starts the services, runs, stops what it started.
 pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {

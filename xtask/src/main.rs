@@ -26,7 +26,7 @@ commands:
   test [ARGS…]       services up, every test of the workspace, `bench all --quick`, services down (ARGS go to the test runner)
   bench SCENARIO…|all [--quick]
                      services up, the mechanisms' experiments on the real servers (lookup, parts, queue, delivery,
-                     burst, cdc, destinations), services down; results in target/bench/<scenario>.json and .svg
+                     burst, cdc, destinations, memory), services down; results in target/bench/<scenario>.json and .svg
   chaos SCENARIO…|all [--quick]
                      the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
                      target/xtask/chaos-clickhouse), started and stopped around it: kill, postgres,

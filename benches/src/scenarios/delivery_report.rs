@@ -189,19 +189,20 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
     if let Some(m) = measured.iter().find(|m| m.backend == Backend::Memory)
         && let Some(overhead) = m.overhead_per_event_bytes
     {
-        report.target(
-            "`sheaf` on the memory backend, overhead per retained event beyond its payload",
-            "under 1 KB",
-            format!(
-                "{:.0} B (RSS {:.1} → {:.1} MiB over {} retained events of ~{} B payload)",
-                overhead,
-                m.rss_before_kib as f64 / 1024.0,
-                m.rss_after_saturation_kib as f64 / 1024.0,
-                report::count(m.saturation.delivered as f64),
-                PAD_BYTES + 20
-            ),
-            overhead < 1000.0,
-        );
+        // Not a target: RSS growth also holds the allocator's arenas, the fresh-event cache and
+        // everything else the process keeps. The log store's own cost per retained event is
+        // counted by the allocator in `benches/benches/memory_footprint.rs`.
+        report.note(format!(
+            "RSS growth on the memory backend per retained event beyond its payload: {:.0} B \
+             (RSS {:.1} → {:.1} MiB over {} retained events of ~{} B payload). RSS holds more \
+             than the log (allocator arenas, the fresh-event cache); the log's own bytes per \
+             event are counted by `cargo bench -p sheaf-benches --bench memory_footprint`.",
+            overhead,
+            m.rss_before_kib as f64 / 1024.0,
+            m.rss_after_saturation_kib as f64 / 1024.0,
+            report::count(m.saturation.delivered as f64),
+            PAD_BYTES + 20
+        ));
     }
     if let (Some(plain), Some(traced)) = (
         measured.iter().find(|m| m.backend == Backend::Memory),

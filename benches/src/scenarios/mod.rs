@@ -10,6 +10,7 @@ mod delivery_report;
 mod destinations;
 mod destinations_target;
 mod lookup;
+mod memory;
 mod parts;
 mod queue;
 mod queue_sustained;
@@ -26,6 +27,7 @@ pub const NAMES: &[&str] = &[
     "burst",
     "cdc",
     "destinations",
+    "memory",
 ];
 
 /// Runs the scenario `name`.
@@ -38,6 +40,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {
         "burst" => burst::run(ctx).await,
         "cdc" => cdc::run(ctx).await,
         "destinations" => Box::pin(destinations::run(ctx)).await,
+        "memory" => memory::run(ctx).await,
         other => anyhow::bail!("unknown scenario `{other}`"),
     }
 }
