@@ -697,10 +697,7 @@ impl LogStore for MemoryLogStore {
             ) else {
                 continue;
             };
-            match stored.status {
-                AttemptStatus::Success => bucket.success += 1,
-                AttemptStatus::Failed => bucket.failed += 1,
-            }
+            bucket.add(stored.status);
         }
         Ok(counts)
     }

@@ -406,6 +406,16 @@ pub struct AttemptCounts {
     pub failed: u64,
 }
 
+impl AttemptCounts {
+    /// Counts one attempt of `status`.
+    pub fn add(&mut self, status: AttemptStatus) {
+        match status {
+            AttemptStatus::Success => self.success += 1,
+            AttemptStatus::Failed => self.failed += 1,
+        }
+    }
+}
+
 /// The record of events and delivery attempts, payloads included.
 ///
 /// Every read is scoped to one tenant (or, for the batched calls, to each key's tenant): no
@@ -532,10 +542,7 @@ pub trait LogStore: fmt::Debug + Send + Sync + 'static {
             let found = self.list_attempts(tenant, &filter, &page).await?;
             for attempt in &found.items {
                 if let Some(bucket) = buckets.index(attempt.time).and_then(|i| counts.get_mut(i)) {
-                    match attempt.status {
-                        AttemptStatus::Success => bucket.success += 1,
-                        AttemptStatus::Failed => bucket.failed += 1,
-                    }
+                    bucket.add(attempt.status);
                 }
             }
             match found.next {

@@ -95,6 +95,27 @@ pub mod time_ordered {
         )
     }
 
+    /// What a batched lookup binds: the keys' `(tenant, event, destination)` triples, and the
+    /// oldest key's time in microseconds (the batch's lower bound).
+    pub fn batch_binds(keys: &[AttemptKey]) -> (Vec<(&str, &str, String)>, i64) {
+        let triples = keys
+            .iter()
+            .map(|k| {
+                (
+                    k.tenant_id.as_str(),
+                    k.event_id.as_str(),
+                    k.destination_id.to_string(),
+                )
+            })
+            .collect();
+        let oldest = keys
+            .iter()
+            .map(|k| k.attempt_time.as_micros())
+            .min()
+            .unwrap_or(0);
+        (triples, oldest)
+    }
+
     /// Looks `keys` up in [`TABLE`] through `client` ([`SINGLE`] for one key, [`batch`] for
     /// more) and returns the answer in ClickHouse's output `format` (`TabSeparated` to count
     /// rows, `Null` to measure the server alone).
@@ -117,21 +138,7 @@ pub mod time_ordered {
                 .collect()
                 .await
         } else {
-            let triples: Vec<(&str, &str, String)> = keys
-                .iter()
-                .map(|k| {
-                    (
-                        k.tenant_id.as_str(),
-                        k.event_id.as_str(),
-                        k.destination_id.to_string(),
-                    )
-                })
-                .collect();
-            let oldest = keys
-                .iter()
-                .map(|k| k.attempt_time.as_micros())
-                .min()
-                .unwrap_or(0);
+            let (triples, oldest) = batch_binds(keys);
             client
                 .query(&batch(keys.len()))
                 .bind(triples)

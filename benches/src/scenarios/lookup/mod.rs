@@ -310,21 +310,7 @@ impl Runner {
                 table,
                 two_step,
             } => {
-                let triples: Vec<(&str, &str, String)> = keys
-                    .iter()
-                    .map(|k| {
-                        (
-                            k.tenant_id.as_str(),
-                            k.event_id.as_str(),
-                            k.destination_id.to_string(),
-                        )
-                    })
-                    .collect();
-                let oldest = keys
-                    .iter()
-                    .map(|k| k.attempt_time.as_micros())
-                    .min()
-                    .unwrap_or(0);
+                let (triples, oldest) = time_ordered::batch_binds(keys);
                 let mut query = client
                     .query(&by_hand_sql(table, keys.len(), *two_step))
                     .bind(triples)
