@@ -3,6 +3,8 @@
 //!
 //! - [`MemoryLogStore`]: events and attempts, bounded by [`LogRetention`] (age and count).
 //! - [`MemoryJobQueue`]: the delivery queue with leases, dead letters bounded by [`QueueLimits`].
+//!   Built with [`MemoryJobQueue::holding_events_in`], it keeps the events of its jobs in the
+//!   log out of retention's reach ([`PendingWork`]): nothing a delivery is owed ages out.
 //! - [`MemoryEntityStore`]: tenants and destinations.
 //!
 //! Each is one lock (`parking_lot`) around plain maps and ordered indexes. Every method takes the
@@ -19,5 +21,5 @@ mod log;
 mod queue;
 
 pub use entity::MemoryEntityStore;
-pub use log::{LogRetention, MemoryLogStore};
+pub use log::{LogRetention, MemoryLogStore, PendingWork};
 pub use queue::{MemoryJobQueue, QueueLimits};

@@ -19,6 +19,16 @@
 //!   it never held (`None`, no list entry, no latest attempt), which is what a retry sees when
 //!   its previous attempt aged out anyway.
 //!
+//! An event with deliveries still owed is **held**: [`MemoryJobQueue`](crate::MemoryJobQueue),
+//! built with [`MemoryJobQueue::holding_events_in`](crate::MemoryJobQueue::holding_events_in),
+//! holds an event for every job it keeps for it (waiting, leased or dead-lettered, since a dead
+//! letter can be replayed) and releases it when the job leaves. A held event and its attempts
+//! are out of retention's reach: they leave the age indexes while held and go back into them,
+//! with their own times, when the last hold goes. Retention's bounds therefore count only what
+//! nobody waits for, and what is held is bounded where it comes in: the service refuses
+//! publishes while [`MemoryLogStore::pending`] is at its bound, instead of dropping events it
+//! has accepted.
+//!
 //! [`MemoryLogStore::footprint`] estimates what the records hold, for tests to bound.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -32,8 +42,8 @@ use async_trait::async_trait;
 use parking_lot::RwLock;
 use sheaf_store::{
     Attempt, AttemptCounts, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger,
-    Buckets, Cursor, DestinationId, Error, Event, EventFilter, EventId, EventKey, LogStore, Page,
-    PageRequest, Payload, Result, TenantId, Timestamp,
+    Buckets, Cursor, DestinationId, Error, Event, EventFilter, EventId, EventKey, Job, LogStore,
+    Page, PageRequest, Payload, Result, TenantId, Timestamp,
 };
 
 /// How much of the log the memory store keeps.
@@ -46,16 +56,18 @@ use sheaf_store::{
 /// its event (it keeps no copy of the event's topic and payload), so `max_attempts` bounds the
 /// attempts of the events kept: retries and fan-out to several destinations.
 ///
-/// A retry whose previous attempt has been dropped finds no latest attempt and is treated like
-/// one whose attempt is not logged yet, so the bounds should comfortably exceed the retry
-/// schedule's span; the defaults keep three days.
+/// The bounds apply to what no delivery waits for: an event held by a job (see the module docs)
+/// is kept, with its attempts, however old it is and however many others there are, so a retry
+/// always finds its previous attempt and a delivery its payload. Held events are bounded where
+/// they come in, by the service's pending-work bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogRetention {
-    /// Records older than this are dropped; `None` keeps them until the count bounds apply.
+    /// Records older than this are dropped, unless held; `None` keeps them until the count
+    /// bounds apply.
     pub max_age: Option<Duration>,
-    /// At most this many events are kept.
+    /// At most this many events are kept besides the held ones.
     pub max_events: usize,
-    /// At most this many attempts are kept.
+    /// At most this many attempts are kept besides those of held events.
     pub max_attempts: usize,
 }
 
@@ -85,6 +97,9 @@ struct StoredEvent {
     /// entry of a destination is its newest attempt), and what goes when the event goes. Most
     /// events have one or two, so a tight vector beats a tree.
     attempts: Vec<(DestinationId, Timestamp, AttemptId)>,
+    /// How many jobs the queue keeps for it; while above zero, neither the event nor its attempts
+    /// are in the age indexes retention walks.
+    holds: u32,
 }
 
 /// An attempt as the store keeps it: without its event's topic and data.
@@ -195,9 +210,24 @@ fn decode(data: &[u8]) -> Result<Payload> {
         .map_err(|err| Error::backend("decode a stored payload", err))
 }
 
+/// What the log holds for deliveries still owed: the events the queue has jobs for, and the
+/// bytes of their payloads (as stored, compact JSON). Retention never drops these; they are
+/// bounded at the door instead (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PendingWork {
+    /// Events held by at least one job.
+    pub events: u64,
+    /// Their payloads' bytes.
+    pub payload_bytes: u64,
+}
+
 #[derive(Default)]
 struct LogState {
     tenants: HashMap<Arc<str>, TenantLog>,
+    /// Held events and their payload bytes (kept out of the age indexes).
+    pending: PendingWork,
+    /// Attempts of held events (kept out of `attempts_by_age`).
+    held_attempts: usize,
     /// Every topic a stored event has, once; a topic leaves with its last event.
     topics: HashSet<Arc<str>>,
     /// Every event, oldest first, for retention: `(time, tenant, id)`.
@@ -300,6 +330,7 @@ impl LogState {
                 time: event.time,
                 data,
                 attempts: Vec::new(),
+                holds: 0,
             },
         );
         compact(&mut tenant.events);
@@ -327,8 +358,12 @@ impl LogState {
         event.attempts.reserve_exact(1);
         event.attempts.insert(at, entry);
         tenant.attempts_by_time.insert((attempt.time, attempt.id));
-        self.attempts_by_age
-            .insert((attempt.time, Arc::clone(&tenant.name), attempt.id));
+        if event.holds == 0 {
+            self.attempts_by_age
+                .insert((attempt.time, Arc::clone(&tenant.name), attempt.id));
+        } else {
+            self.held_attempts += 1;
+        }
         tenant.attempts.insert(
             attempt.id,
             StoredAttempt {
@@ -345,6 +380,70 @@ impl LogState {
             },
         );
         compact(&mut tenant.attempts);
+    }
+
+    /// One more job keeps `(tenant, event)`: on its first hold the event and its attempts leave
+    /// the age indexes, so retention cannot reach them. An event the log does not have is left
+    /// alone (its job will find nothing to deliver, which the service reports as an error).
+    fn hold(&mut self, tenant_id: &str, event_id: &str) {
+        let Some(tenant) = self.tenants.get_mut(tenant_id) else {
+            return;
+        };
+        let Some((id, _)) = tenant.events.get_key_value(event_id) else {
+            return;
+        };
+        let id = Arc::clone(id);
+        let Some(event) = tenant.events.get_mut(event_id) else {
+            return;
+        };
+        event.holds += 1;
+        if event.holds > 1 {
+            return;
+        }
+        self.events_by_age
+            .remove(&(event.time, Arc::clone(&tenant.name), id));
+        for &(_, time, attempt) in &event.attempts {
+            if self
+                .attempts_by_age
+                .remove(&(time, Arc::clone(&tenant.name), attempt))
+            {
+                self.held_attempts += 1;
+            }
+        }
+        self.pending.events += 1;
+        self.pending.payload_bytes += event.data.len() as u64;
+    }
+
+    /// A job that kept `(tenant, event)` is gone: when it was the last, the event and its
+    /// attempts go back into the age indexes with their own times, and retention treats them
+    /// like any other record from then on.
+    fn release(&mut self, tenant_id: &str, event_id: &str) {
+        let Some(tenant) = self.tenants.get_mut(tenant_id) else {
+            return;
+        };
+        let Some((id, _)) = tenant.events.get_key_value(event_id) else {
+            return;
+        };
+        let id = Arc::clone(id);
+        let Some(event) = tenant.events.get_mut(event_id) else {
+            return;
+        };
+        if event.holds == 0 {
+            return;
+        }
+        event.holds -= 1;
+        if event.holds > 0 {
+            return;
+        }
+        self.events_by_age
+            .insert((event.time, Arc::clone(&tenant.name), id));
+        for &(_, time, attempt) in &event.attempts {
+            self.attempts_by_age
+                .insert((time, Arc::clone(&tenant.name), attempt));
+        }
+        self.held_attempts -= event.attempts.len();
+        self.pending.events -= 1;
+        self.pending.payload_bytes -= event.data.len() as u64;
     }
 
     /// Removes an event that has just left `events_by_age`, and its attempts with it.
@@ -498,10 +597,42 @@ impl MemoryLogStore {
         &self.retention
     }
 
-    /// How many events and attempts the store holds now.
+    /// How many events and attempts the store holds now, held ones included.
     pub fn len(&self) -> (usize, usize) {
         let state = self.state.read();
-        (state.events_by_age.len(), state.attempts_by_age.len())
+        (
+            state.events_by_age.len() + state.pending.events as usize,
+            state.attempts_by_age.len() + state.held_attempts,
+        )
+    }
+
+    /// What is held for deliveries still owed (see the module docs): the number the service
+    /// bounds publishes by. One read of two counters under the read lock.
+    pub fn pending(&self) -> PendingWork {
+        self.state.read().pending
+    }
+
+    /// Holds the event of each job, once per job (see the module docs). The queue calls it
+    /// under its own lock, so holds and releases of one job are never reordered.
+    pub fn hold(&self, jobs: &[&Job]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let mut state = self.state.write();
+        for job in jobs {
+            state.hold(job.tenant_id.as_str(), job.event_id.as_str());
+        }
+    }
+
+    /// Releases one hold per job, taken by [`Self::hold`].
+    pub fn release(&self, jobs: &[&Job]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let mut state = self.state.write();
+        for job in jobs {
+            state.release(job.tenant_id.as_str(), job.event_id.as_str());
+        }
     }
 
     /// About how many bytes of memory the records and their indexes hold, counted from the

@@ -4,8 +4,11 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::ops::Bound;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::MemoryLogStore;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use sheaf_store::{
@@ -17,9 +20,10 @@ use sheaf_store::{
 /// Bounds on what the memory queue keeps besides pending jobs.
 ///
 /// Pending jobs are never dropped: each is a delivery somebody is owed, and the queue holds only
-/// small rows (ids and times, never payloads). Dead letters are kept for operators to look at,
-/// and a destination that is down for good would otherwise add one per event forever, so only
-/// the newest `max_dead_letters` are kept.
+/// small rows (ids and times, never payloads). Dead letters are kept for operators to look at and
+/// replay, and a destination that is down for good would otherwise add one per event forever, so
+/// only the newest `max_dead_letters` are kept; the service says in its log and its metrics when
+/// one goes (`MemoryJobQueue::dead_letters_dropped`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueLimits {
     /// At most this many dead letters are kept; the oldest go first.
@@ -107,9 +111,16 @@ impl QueueState {
 ///
 /// Its clock is this process's (`Timestamp::now()`). A new `claimed_until` is always later than
 /// the job's previous one, even if the system clock steps back, so a lease is never reissued.
+///
+/// Built with [`Self::holding_events_in`], it holds each job's event in the memory log for as
+/// long as it keeps the job (waiting, leased, or as a dead letter), so retention never drops the
+/// payload of a delivery still owed (see [`MemoryLogStore`]'s module docs). The holds are taken
+/// and released under the queue's lock, in the order the jobs come and go.
 pub struct MemoryJobQueue {
     state: Mutex<QueueState>,
     limits: QueueLimits,
+    log: Option<Arc<MemoryLogStore>>,
+    dead_letters_dropped: AtomicU64,
 }
 
 impl MemoryJobQueue {
@@ -118,6 +129,33 @@ impl MemoryJobQueue {
         MemoryJobQueue {
             state: Mutex::new(QueueState::default()),
             limits,
+            log: None,
+            dead_letters_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// An empty queue that holds its jobs' events in `log` (see the type's docs).
+    pub fn holding_events_in(limits: QueueLimits, log: Arc<MemoryLogStore>) -> Self {
+        MemoryJobQueue {
+            log: Some(log),
+            ..Self::new(limits)
+        }
+    }
+
+    /// How many dead letters went to keep `max_dead_letters`, since the queue was made.
+    pub fn dead_letters_dropped(&self) -> u64 {
+        self.dead_letters_dropped.load(Ordering::Relaxed)
+    }
+
+    fn hold(&self, jobs: &[&Job]) {
+        if let Some(log) = &self.log {
+            log.hold(jobs);
+        }
+    }
+
+    fn release(&self, jobs: &[&Job]) {
+        if let Some(log) = &self.log {
+            log.release(jobs);
         }
     }
 
@@ -155,6 +193,7 @@ impl JobQueue for MemoryJobQueue {
             validate_job(job)?;
         }
         let mut state = self.state.lock();
+        let mut added = Vec::with_capacity(jobs.len());
         for job in jobs {
             if state.jobs.contains_key(&job.id) || state.dead.contains_key(&job.id) {
                 continue;
@@ -167,7 +206,9 @@ impl JobQueue for MemoryJobQueue {
                     claimed_until: None,
                 },
             );
+            added.push(job);
         }
+        self.hold(&added);
         Ok(())
     }
 
@@ -235,13 +276,14 @@ impl JobQueue for MemoryJobQueue {
 
     async fn complete(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
         let mut state = self.state.lock();
-        Ok(state.for_held(
+        let mut done = Vec::with_capacity(leases.len());
+        let lost = state.for_held(
             leases,
             |l| *l,
-            |state, lease| {
-                state.remove_job(lease.job_id);
-            },
-        ))
+            |state, lease| done.extend(state.remove_job(lease.job_id)),
+        );
+        self.release(&done.iter().collect::<Vec<_>>());
+        Ok(lost)
     }
 
     async fn reschedule(&self, jobs: &[Reschedule]) -> Result<Vec<JobId>> {
@@ -288,11 +330,17 @@ impl JobQueue for MemoryJobQueue {
                 );
             },
         );
+        let mut dropped = Vec::new();
         while state.dead.len() > self.limits.max_dead_letters {
             let Some(&(_, oldest)) = state.dead_by_age.first() else {
                 break;
             };
-            state.remove_dead(oldest);
+            dropped.extend(state.remove_dead(oldest).map(|d| d.job));
+        }
+        if !dropped.is_empty() {
+            self.dead_letters_dropped
+                .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+            self.release(&dropped.iter().collect::<Vec<_>>());
         }
         Ok(lost)
     }
@@ -334,18 +382,18 @@ impl JobQueue for MemoryJobQueue {
 
     async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
         let mut state = self.state.lock();
-        let mut removed = 0;
+        let mut removed = Vec::new();
         for id in ids {
             if state
                 .dead
                 .get(id)
                 .is_some_and(|d| d.job.tenant_id == *tenant)
             {
-                state.remove_dead(*id);
-                removed += 1;
+                removed.extend(state.remove_dead(*id).map(|d| d.job));
             }
         }
-        Ok(removed)
+        self.release(&removed.iter().collect::<Vec<_>>());
+        Ok(removed.len() as u64)
     }
 
     async fn list_dead_letters(
@@ -387,12 +435,14 @@ impl JobQueue for MemoryJobQueue {
             .get(tenant)
             .map(|set| set.iter().map(|&(_, id)| id).collect())
             .unwrap_or_default();
+        let mut removed = Vec::with_capacity(jobs.len() + dead.len());
         for &id in &jobs {
-            state.remove_job(id);
+            removed.extend(state.remove_job(id));
         }
         for &id in &dead {
-            state.remove_dead(id);
+            removed.extend(state.remove_dead(id).map(|d| d.job));
         }
-        Ok((jobs.len() + dead.len()) as u64)
+        self.release(&removed.iter().collect::<Vec<_>>());
+        Ok(removed.len() as u64)
     }
 }

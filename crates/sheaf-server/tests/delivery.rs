@@ -326,6 +326,27 @@ async fn disabled_and_deleted_destinations_receive_nothing() {
         .await;
     assert_eq!(disabled.body["enabled"], false);
     assert_eq!(client.publish("quiet", "q-1", json!(1)).await.status, 202);
+    // What is published while it is disabled is not lost: it waits as a dead letter.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let dead = client
+            .get("/api/v1/tenants/quiet/dead-letters?limit=10")
+            .await;
+        if dead.body["items"].as_array().is_some_and(|i| !i.is_empty()) {
+            break dead;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no dead letter: {dead:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let items = dead.body["items"]
+        .as_array()
+        .expect("a page of dead letters");
+    assert_eq!(items.len(), 1, "{dead:?}");
+    assert_eq!(items[0]["event_id"], "q-1");
+    assert_eq!(items[0]["reason"], "destination disabled");
     let enabled = client
         .send(
             "PUT",

@@ -2,7 +2,9 @@
 //! seconds for the upkeep they need while they run (`JobQueue::maintain`: on Postgres, a vacuum
 //! of the jobs table once enough of its rows died, so the claim does not walk through them;
 //! `LogStore::maintain`: in memory, retention by age while nothing is written), and beats the
-//! queue's heartbeat, whose count of delivering processes splits rate limits between them.
+//! queue's heartbeat, whose count of delivering processes splits rate limits between them. With
+//! an outbox shipped to another log store, it also samples how many events wait there, for the
+//! pending-work bound publishes pass (`state::admission`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +21,18 @@ const EVERY: Duration = Duration::from_secs(2);
 /// share of rate limits goes back to the others): a few missed rounds.
 const HEARTBEAT_TTL: Duration = Duration::from_secs(10);
 
+/// How long until the outbox is counted again, after it held `events`. Counting reads the
+/// outbox's index, so its cost grows with the backlog: a round every 2 s while it is small,
+/// and one round per 100,000 waiting events beyond that (10 million: every 200 s). The bound is
+/// then overshot by at most what is published between two counts, a few percent of it.
+fn outbox_count_gap(events: u64) -> Duration {
+    EVERY * u32::try_from(events / 100_000).unwrap_or(u32::MAX).max(1)
+}
+
 pub(super) async fn run(core: Arc<Core>, stop: CancellationToken) {
     // The first round at once: the heartbeat's count matters from the first delivery.
     let mut first = true;
+    let mut next_outbox_count = tokio::time::Instant::now();
     loop {
         if !first {
             tokio::select! {
@@ -51,6 +62,21 @@ pub(super) async fn run(core: Arc<Core>, stop: CancellationToken) {
                     .store(u64::from(processes), std::sync::atomic::Ordering::Relaxed);
             }
             Err(err) => tracing::warn!(error = %err, "queue heartbeat failed; trying again later"),
+        }
+        if core.admission.samples_outbox()
+            && tokio::time::Instant::now() >= next_outbox_count
+            && let Some(outbox) = &core.stores.outbox
+        {
+            match outbox.backlog().await {
+                Ok(backlog) => {
+                    core.admission.note_outbox(backlog.events);
+                    next_outbox_count =
+                        tokio::time::Instant::now() + outbox_count_gap(backlog.events);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not count the outbox; trying again later")
+                }
+            }
         }
         match core.stores.log.maintain().await {
             Ok(true) => Metrics::inc(&core.metrics.log_maintenance),

@@ -28,6 +28,10 @@ use crate::state::pacer::Admission;
 use crate::state::trace::{record_ids, trace_headers};
 use sheaf_destination::{Message, Report as Delivered, Verdict};
 
+/// The dead-letter reason of a job whose destination was disabled when its turn came (at
+/// publish time, or while it waited for a retry).
+pub const DESTINATION_DISABLED: &str = "destination disabled";
+
 /// How often a failed attempt write is tried before the worker gives up on logging it.
 const ATTEMPT_WRITE_TRIES: u32 = 3;
 
@@ -97,12 +101,36 @@ async fn attempt_span(core: &Core, dispatched: &Dispatched) -> tracing::Span {
     span
 }
 
-/// A short reschedule that does not count as an attempt.
+/// How long after a retry's previous attempt its lookup may still miss it because it is not
+/// logged yet (an outbox ships attempts to the log store every second or so; a backlog after a
+/// log store outage takes longer, and its lookups fail rather than miss meanwhile). Past it the
+/// attempt is not coming: the retry delivers from the event instead of waiting for it.
+const ATTEMPT_LOGGED_WITHIN: Duration = Duration::from_secs(60);
+
+/// The longest a job waits for what it is not ready for before it looks again.
+const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(10);
+
+/// A reschedule that does not count as an attempt, after `SHEAF_RETRY_NOT_READY_DELAY`, or,
+/// for a retry whose previous attempt is a while old, a quarter of that age (at most
+/// [`NOT_READY_MAX_DELAY`]): a job that waits on something slow is looked at a few times, not
+/// claimed and put back in a loop.
 fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
     core.metrics.delivery(DeliveryOutcome::NotReady);
+    let now = Timestamp::now();
+    let waited = claimed
+        .job
+        .last_attempt_time
+        .and_then(|t| {
+            now.as_datetime()
+                .signed_duration_since(t.as_datetime())
+                .to_std()
+                .ok()
+        })
+        .unwrap_or_default();
+    let delay = (waited / 4).clamp(core.config.retry.not_ready_delay, NOT_READY_MAX_DELAY);
     Outcome::Reschedule(Reschedule {
         lease: claimed.lease,
-        due_at: Timestamp::now().saturating_add(core.config.retry.not_ready_delay),
+        due_at: now.saturating_add(jittered(delay, 20)),
         attempt_number: claimed.job.attempt_number,
         last_attempt_time: claimed.job.last_attempt_time,
     })
@@ -153,10 +181,12 @@ async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
             }
         }
         Ok(None) => {
-            // Publishes write the event before they enqueue, so a missing event was dropped
-            // by the log's retention (or its tenant deleted): there is nothing to send.
-            tracing::warn!(tenant = %job.tenant_id, event = %job.event_id,
-                "event is no longer in the log store; dropping its delivery");
+            // Publishes write the event before they enqueue, and no log store drops an event a
+            // delivery is owed (the memory log holds it for its jobs; the service sets no
+            // retention on the Postgres and ClickHouse logs, which drop nothing). A missing
+            // event means the store lost data, or the tenant was deleted meanwhile.
+            tracing::error!(tenant = %job.tenant_id, event = %job.event_id,
+                "the event of a pending delivery is not in the log store; the delivery cannot                  be made");
             core.metrics.delivery(DeliveryOutcome::EventMissing);
             Resolved::Done(Outcome::Complete(claimed.lease))
         }
@@ -184,9 +214,12 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
             tracing::debug!(error = %err, "latest-attempt lookup failed; retry not ready");
             Resolved::Done(not_ready(core, claimed))
         }
-        // Not logged yet: exactly like a single lookup finding nothing.
-        Ok(None) if job.last_attempt_time.is_some() => Resolved::Done(not_ready(core, claimed)),
-        // A retry without an attempt time and no attempt at all: deliver from the event.
+        // Not logged yet: exactly like a single lookup finding nothing. Long after the attempt
+        // it will not be: deliver from the event, as a retry that carries no attempt time does.
+        Ok(None) if job.last_attempt_time.is_some_and(|t| !logged_by_now(t)) => {
+            Resolved::Done(not_ready(core, claimed))
+        }
+        // A retry without an attempt time, or whose attempt never showed: from the event.
         Ok(None) => resolve_event(core, claimed).await,
         Ok(Some(latest)) => {
             let superseded = job.last_attempt_time.is_some_and(|t| latest.time > t);
@@ -201,6 +234,15 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
             }
         }
     }
+}
+
+/// Whether an attempt made at `time` should be found in the log store by now.
+fn logged_by_now(time: Timestamp) -> bool {
+    Timestamp::now()
+        .as_datetime()
+        .signed_duration_since(time.as_datetime())
+        .to_std()
+        .is_ok_and(|age| age > ATTEMPT_LOGGED_WITHIN)
 }
 
 /// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
@@ -241,10 +283,12 @@ async fn handle(core: &Core, dispatched: Dispatched) -> Option<Turn> {
         }
     };
     if !destination.enabled {
-        core.metrics.delivery(DeliveryOutcome::Dropped);
+        // Accounted for, not skipped: the dead-letter list and its replay find it once the
+        // destination is enabled again.
+        core.metrics.delivery(DeliveryOutcome::DeadLettered);
         let outcome = Outcome::DeadLetter(DeadLetterRequest {
             lease: claimed.lease,
-            reason: "the destination is disabled".to_owned(),
+            reason: DESTINATION_DISABLED.to_owned(),
         });
         let report = report(core, &claimed, None, &outcome);
         return Some(Turn {

@@ -17,6 +17,9 @@ pub struct ApiError {
     pub code: &'static str,
     /// What went wrong, for a person.
     pub message: String,
+    /// Sent as `Retry-After` (whole seconds, at least 1) when set: a refusal the client should
+    /// retry after that long.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -26,6 +29,16 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 503 `overloaded` with `Retry-After`: the service takes no more work until what it has
+    /// accepted drains; the client should retry after `retry_after`.
+    pub fn overloaded(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        Self {
+            retry_after: Some(retry_after),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
         }
     }
 
@@ -87,7 +100,15 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": { "code": self.code, "message": self.message }
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(after) = self.retry_after {
+            let seconds = after.as_secs_f64().ceil().max(1.0) as u64;
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
+        response
     }
 }
 
@@ -98,6 +119,10 @@ impl From<PublishError> for ApiError {
             PublishError::NotFound(message) => Self::not_found(message),
             PublishError::Unavailable(message) => Self::unavailable(message),
             PublishError::Store(err) => Self::from(err),
+            PublishError::Overloaded {
+                message,
+                retry_after,
+            } => Self::overloaded(message, retry_after),
             PublishError::Internal(message) => Self::internal(message),
         }
     }

@@ -1,13 +1,18 @@
 //! Publishing events: an HTTP publish, or a batch of the CDC source, one path.
 //!
-//! 1. Validate, find the tenant (404 when unknown).
+//! 1. Validate, find the tenant (404 when unknown), and pass the pending-work bound
+//!    (`state::admission`: refused with [`PublishError::Overloaded`] while what is accepted and
+//!    not yet delivered is at its bound; nothing accepted is ever dropped to make room).
 //! 2. An id accepted recently by this process is a repeat: answered at once.
 //! 3. A publisher-chosen id is looked up in the log store (coalesced `get_events`); found, it
 //!    is a repeat too (see below).
 //! 4. The event goes into the fresh-event cache, then to the log store through the write
-//!    coalescer; only when that write is durable are the jobs enqueued, one per enabled
-//!    destination whose topics and payload filter match (`matches`), with ids derived from
-//!    (tenant, event, destination). An event no destination wants costs no job.
+//!    coalescer; only when that write is durable are the jobs enqueued, one per destination
+//!    whose topics and payload filter match (`matches`), with ids derived from
+//!    (tenant, event, destination). An event no destination wants costs no job. A disabled
+//!    destination gets its job too: the worker dead-letters it at once, with the reason
+//!    "destination disabled", so every event published while a destination was off is in its
+//!    dead-letter list and a replay of that list delivers them once it is on again.
 //! 5. 202 once both are durable.
 //!
 //! Because the log write completes before the enqueue, "the event is in the log" implies
@@ -43,6 +48,7 @@ use sheaf_store::{
 
 pub use crate::ingest::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
 use crate::state::Core;
+use crate::state::admission::Refused;
 use crate::state::intake::{IntakeCommit, IntakeRecord};
 use crate::state::jobs::delivery_job_id;
 use crate::state::log_access::LogRecord;
@@ -65,9 +71,26 @@ pub enum PublishError {
     /// A store refused or failed the call; its kind says why.
     #[error(transparent)]
     Store(#[from] sheaf_store::Error),
+    /// The pending work is at its bound (`state::admission`): try again after `retry_after`.
+    #[error("{message}")]
+    Overloaded {
+        /// Which bound, in words.
+        message: String,
+        /// When to try again.
+        retry_after: std::time::Duration,
+    },
     /// A bug: what should not happen did.
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<Refused> for PublishError {
+    fn from(refused: Refused) -> Self {
+        PublishError::Overloaded {
+            message: refused.message,
+            retry_after: refused.retry_after,
+        }
+    }
 }
 
 /// What a publish did.
@@ -93,10 +116,12 @@ pub(crate) fn job_for(event: &Event, destination: &Destination, now: Timestamp) 
     }
 }
 
-/// Whether `event` gets a job for `destination`: enabled, a topic it receives, and its payload
-/// filter (if any) matches. Decided here, at publish, so an event a filter refuses costs no job.
+/// Whether `event` gets a job for `destination`: a topic it receives, and its payload filter
+/// (if any) matches. Decided here, at publish, so an event a filter refuses costs no job.
+/// Whether the destination is enabled is not asked: a disabled one's job is dead-lettered by
+/// the worker (see the module docs), so the event is accounted for, not silently skipped.
 pub(crate) fn matches(destination: &Destination, event: &Event) -> bool {
-    destination.enabled && destination.wants(&event.topic, &event.data)
+    destination.wants(&event.topic, &event.data)
 }
 
 /// Publishes an event whose body passed [`crate::ingest::body::validate_publish`]: see the
@@ -168,6 +193,7 @@ async fn publish_in_span(
     if entry.tenant.is_none() {
         return Err(PublishError::UnknownTenant(tenant_id.as_str().to_owned()));
     }
+    core.admission.check()?;
     // Before anything can deliver them: the deliveries' spans continue this publish's trace.
     if let Some(traces) = &core.traces {
         for event in &events {

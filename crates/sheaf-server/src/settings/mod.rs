@@ -165,6 +165,12 @@ pub struct Config {
     pub log_write: WriteConfig,
     /// `SHEAF_LOG_SHIP_INTERVAL`.
     pub log_ship_interval: Duration,
+    /// `SHEAF_MEMORY_MAX_PENDING_EVENTS`.
+    pub memory_max_pending_events: u64,
+    /// `SHEAF_MEMORY_MAX_PENDING_BYTES`.
+    pub memory_max_pending_bytes: u64,
+    /// `SHEAF_OUTBOX_MAX_EVENTS`.
+    pub outbox_max_events: u64,
     /// `SHEAF_IDEMPOTENCY_WINDOW`.
     pub idempotency_window: Duration,
     /// `SHEAF_MAX_BODY_BYTES`.
@@ -307,6 +313,9 @@ impl Config {
                 ..WriteConfig::default()
             },
             log_ship_interval: values.duration(&s::LOG_SHIP_INTERVAL)?,
+            memory_max_pending_events: values.int(&s::MEMORY_MAX_PENDING_EVENTS)?,
+            memory_max_pending_bytes: values.int(&s::MEMORY_MAX_PENDING_BYTES)?,
+            outbox_max_events: values.int(&s::OUTBOX_MAX_EVENTS)?,
             idempotency_window: values.duration(&s::IDEMPOTENCY_WINDOW)?,
             max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
             request_timeout: values.duration(&s::REQUEST_TIMEOUT)?,

@@ -461,6 +461,45 @@ pub const LOG_SHIP_INTERVAL: Setting = setting(
     },
     "With SHEAF_QUEUE=postgres and a log store elsewhere: how often the log shipper moves events and attempts from the Postgres outbox to the log store when it is not behind.",
 );
+// What the embedded default may hold for deliveries still owed, beside the log's retention
+// (25,000 events, ~70 MB at 2 KB payloads). A held 1 KB event costs about 2 KB of memory all
+// told (its payload, its log record and indexes, its job row), so the defaults keep a backlog
+// of a few hundred megabytes at most: at the ~6,000 publishes a second the memory backends
+// take here, about 15 seconds of a receiver outage before publishers are asked to wait.
+/// `SHEAF_MEMORY_MAX_PENDING_EVENTS`.
+pub const MEMORY_MAX_PENDING_EVENTS: Setting = setting(
+    "SHEAF_MEMORY_MAX_PENDING_EVENTS",
+    Some("100000"),
+    Kind::Integer {
+        min: 1,
+        max: 100_000_000,
+    },
+    "With the memory queue and log: most events accepted and not yet delivered (waiting, being retried or dead-lettered). The log keeps them out of retention's reach; at the bound publishes are answered `503` with `Retry-After` and the CDC source stops reading, and nothing accepted is dropped.",
+);
+/// `SHEAF_MEMORY_MAX_PENDING_BYTES`.
+pub const MEMORY_MAX_PENDING_BYTES: Setting = setting(
+    "SHEAF_MEMORY_MAX_PENDING_BYTES",
+    Some("134217728"),
+    Kind::Integer {
+        min: 1024,
+        max: 1 << 40,
+    },
+    "With the memory queue and log: most payload bytes (compact JSON) of the events accepted and not yet delivered; reaching it refuses publishes as `SHEAF_MEMORY_MAX_PENDING_EVENTS` does.",
+);
+// The outbox grows only while the log store is unreachable or slower than the publishes; at
+// ~1.3 KB of Postgres per waiting 1 KB event, ten million are some 13 GB of disk: hours of a
+// ClickHouse outage at the measured rates, and a bound that stops a full disk from stopping
+// the queue itself.
+/// `SHEAF_OUTBOX_MAX_EVENTS`.
+pub const OUTBOX_MAX_EVENTS: Setting = setting(
+    "SHEAF_OUTBOX_MAX_EVENTS",
+    Some("10000000"),
+    Kind::Integer {
+        min: 1,
+        max: 1_000_000_000,
+    },
+    "With SHEAF_QUEUE=postgres and a log store elsewhere: most events waiting in the Postgres outbox for the log store (sampled every 2 s). At the bound publishes are answered `503` with `Retry-After` and the CDC source stops reading until the log store has taken them.",
+);
 // A day covers any client's retry of a publish by a wide margin; each remembered key costs
 // about 100 bytes of Postgres, so a million events a day keep some 100 MB.
 /// `SHEAF_IDEMPOTENCY_WINDOW`.
@@ -752,6 +791,9 @@ pub const SETTINGS: &[Setting] = &[
     LOG_WRITE_MAX_BYTES,
     LOG_WRITE_MAX_WAIT_MS,
     LOG_SHIP_INTERVAL,
+    MEMORY_MAX_PENDING_EVENTS,
+    MEMORY_MAX_PENDING_BYTES,
+    OUTBOX_MAX_EVENTS,
     IDEMPOTENCY_WINDOW,
     MAX_BODY_BYTES,
     REQUEST_TIMEOUT,

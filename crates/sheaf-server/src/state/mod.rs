@@ -2,6 +2,8 @@
 //! built once at start ([`Core`]).
 //!
 //! - [`stores`]: which backends run (memory by default; Postgres, ClickHouse by configuration).
+//! - [`admission`]: the pending-work bound: publishes refused at the door, never accepted work
+//!   dropped.
 //! - [`intake`]: the group commit of publishes into the outbox (with the Postgres queue).
 //! - [`handoff`]: the workers' channel of claimed jobs, which the group commit fills directly
 //!   with jobs it leased in the accept.
@@ -19,6 +21,7 @@
 //! - [`trace`]: W3C trace context in and out, and the publishes' contexts kept for their
 //!   deliveries (with `SHEAF_OTLP_ENDPOINT`).
 
+pub mod admission;
 pub mod backoff;
 pub mod entities;
 pub mod handoff;

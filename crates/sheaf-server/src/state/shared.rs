@@ -11,6 +11,7 @@ use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
 
 use crate::settings::Config;
+use crate::state::admission::Admission;
 use crate::state::entities::EntityCache;
 use crate::state::handoff::JobChannel;
 use crate::state::health::HealthReports;
@@ -56,6 +57,8 @@ pub struct Core {
     pub accepted: Cache<EventKey, ()>,
     /// The service's counters.
     pub metrics: Arc<Metrics>,
+    /// The pending-work bound every publish passes first.
+    pub admission: Arc<Admission>,
     /// What `/metrics` reads.
     pub metric_sources: MetricSources,
     /// Wakes the dispatcher when a publish has enqueued jobs.
@@ -159,6 +162,15 @@ impl Core {
             .then(|| EventTraces::new(config.fresh_event_cache));
         let health = (config.disable_after_failures > 0 || config.operator_webhook.is_some())
             .then(HealthReports::new);
+        let admission = Arc::new(match (&stores.memory_log, &stores.outbox) {
+            (Some(log), _) => Admission::memory(
+                Arc::clone(log),
+                config.memory_max_pending_events,
+                config.memory_max_pending_bytes,
+            ),
+            (None, Some(outbox)) if !outbox.is_log() => Admission::outbox(config.outbox_max_events),
+            _ => Admission::unbounded(),
+        });
         Ok(Arc::new(Self {
             metric_sources: MetricSources {
                 service: Arc::clone(&metrics),
@@ -166,6 +178,8 @@ impl Core {
                 event_lookup: event_metrics,
                 log_write: write_metrics,
                 publish_commit: intake_metrics,
+                admission: Arc::clone(&admission),
+                memory_queue: stores.memory_queue.clone(),
             },
             config: Arc::new(config),
             stores,
@@ -177,6 +191,7 @@ impl Core {
             fresh,
             accepted,
             metrics,
+            admission,
             wake,
             jobs,
             traces,

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
+use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore, QueueLimits};
 use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
 
 use crate::settings::{Config, LogStoreKind, QueueKind};
@@ -39,16 +39,29 @@ pub struct Stores {
     pub entities: Arc<dyn EntityStore>,
     /// Where publishes and attempts become durable, when the queue is in Postgres.
     pub outbox: Option<Arc<dyn Outbox>>,
+    /// The memory log, when it is the log and the memory queue holds its jobs' events in it:
+    /// what the pending-work bound reads (`state::admission`).
+    pub memory_log: Option<Arc<MemoryLogStore>>,
+    /// The memory queue, when it is the queue: for the dead letters it dropped at its bound.
+    pub memory_queue: Option<Arc<MemoryJobQueue>>,
 }
 
 impl Stores {
-    /// Everything in this process's memory.
+    /// Everything in this process's memory: the queue holds the events of its jobs in the log,
+    /// so retention never drops an event a delivery is still owed.
     pub fn memory() -> Self {
+        let log = Arc::new(MemoryLogStore::default());
+        let queue = Arc::new(MemoryJobQueue::holding_events_in(
+            QueueLimits::default(),
+            Arc::clone(&log),
+        ));
         Self {
-            log: Arc::new(MemoryLogStore::default()),
-            queue: Arc::new(MemoryJobQueue::default()),
+            log: Arc::clone(&log) as Arc<dyn LogStore>,
+            queue: Arc::clone(&queue) as Arc<dyn JobQueue>,
             entities: Arc::new(MemoryEntityStore::new()),
             outbox: None,
+            memory_log: Some(log),
+            memory_queue: Some(queue),
         }
     }
 
@@ -98,6 +111,12 @@ impl Stores {
             }
         };
         let (queue, outbox): (Arc<dyn JobQueue>, _) = match config.queue {
+            // With a database log the memory queue holds nothing there: that log keeps
+            // everything for as long as its own retention says.
+            QueueKind::Memory if config.log_store != LogStoreKind::Memory => (
+                Arc::new(MemoryJobQueue::default()) as Arc<dyn JobQueue>,
+                None,
+            ),
             QueueKind::Memory => (memory.queue, None),
             QueueKind::Postgres => {
                 let pg = postgres.as_ref().context("postgres is not connected")?;
@@ -113,11 +132,19 @@ impl Stores {
             Some(pg) => Arc::clone(&pg.entities),
             None => memory.entities,
         };
+        let memory_log = memory
+            .memory_log
+            .filter(|_| config.log_store == LogStoreKind::Memory);
+        let memory_queue = memory
+            .memory_queue
+            .filter(|_| config.queue == QueueKind::Memory && memory_log.is_some());
         Ok(Self {
             log,
             queue,
             entities,
             outbox,
+            memory_log,
+            memory_queue,
         })
     }
 }

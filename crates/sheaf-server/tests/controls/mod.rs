@@ -1,7 +1,8 @@
 //! Destination controls through the API, on every backend: payload filters decide at publish
 //! which destinations get a job, and a filter the service cannot use is refused naming its path;
 //! a destination that keeps failing is disabled with operator events (`health`); a rate limit
-//! holds across processes (`limits`); dead letters are replayed in bulk (`replay`).
+//! holds across processes (`limits`); dead letters are replayed in bulk (`replay`); at the
+//! pending-work bound publishes are refused and nothing accepted is lost (`backpressure`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -366,6 +367,7 @@ async fn a_filter_the_service_cannot_use_is_refused_naming_its_path() {
     server.shutdown().await;
 }
 
+mod backpressure;
 mod health;
 mod limits;
 mod replay;

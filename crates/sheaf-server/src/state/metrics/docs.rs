@@ -27,6 +27,8 @@ fn metrics_table() -> String {
         event_lookup: Arc::new(CoalesceMetrics::new()),
         log_write: Arc::new(CoalesceMetrics::new()),
         publish_commit: Arc::new(CoalesceMetrics::new()),
+        admission: Arc::new(crate::state::admission::Admission::outbox(1)),
+        memory_queue: None,
     };
     let page = render(
         &sources,

@@ -23,9 +23,10 @@ pub enum DeliveryOutcome {
     Superseded,
     /// A retry's previous attempt was not logged yet (or the lookup failed): it waits a little.
     NotReady,
-    /// The destination or tenant is gone, or the destination is disabled: nothing was sent.
+    /// The destination or tenant is gone: nothing was sent.
     Dropped,
-    /// The event is not in the log store any more (retention): nothing was sent.
+    /// The event is not in the log store, which should never happen (retention keeps every
+    /// event a delivery is owed): nothing was sent, and the log says so as an error.
     EventMissing,
     /// Held back by the destination's rate limit or a `Retry-After` pause: rescheduled to its
     /// turn, not an attempt.
@@ -289,6 +290,10 @@ pub struct MetricSources {
     pub log_write: Arc<CoalesceMetrics>,
     /// The group commit of publishes into the outbox (zero without one).
     pub publish_commit: Arc<CoalesceMetrics>,
+    /// The pending-work bound and what it holds.
+    pub admission: Arc<crate::state::admission::Admission>,
+    /// The memory queue, for the dead letters it dropped at its bound (none with Postgres).
+    pub memory_queue: Option<Arc<sheaf_memory::MemoryJobQueue>>,
 }
 
 fn bump(counter: &AtomicU64) {

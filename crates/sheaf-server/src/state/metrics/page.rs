@@ -444,6 +444,40 @@ pub fn render(
         "Outbox statements of publishes that failed.",
         commit.failed_writes,
     );
+    let usage = sources.admission.usage();
+    w.gauge(
+        "sheaf_pending_events",
+        "Events accepted and not yet delivered that the pending-work bound counts: held in the memory log (memory backends) or waiting in the outbox for the log store (Postgres queue, log elsewhere); 0 where no bound applies.",
+        usage.events,
+    );
+    w.gauge(
+        "sheaf_pending_events_limit",
+        "The bound on sheaf_pending_events (SHEAF_MEMORY_MAX_PENDING_EVENTS or SHEAF_OUTBOX_MAX_EVENTS); at it publishes are refused with 503. 0: no bound applies.",
+        usage.max_events,
+    );
+    w.gauge(
+        "sheaf_pending_payload_bytes",
+        "Payload bytes of the events held for deliveries in the memory log.",
+        usage.bytes,
+    );
+    w.gauge(
+        "sheaf_pending_payload_bytes_limit",
+        "The bound on sheaf_pending_payload_bytes (SHEAF_MEMORY_MAX_PENDING_BYTES); 0: no bound applies.",
+        usage.max_bytes,
+    );
+    w.counter(
+        "sheaf_publishes_refused_total",
+        "Publishes (HTTP and CDC) refused with 503 because the pending work was at its bound; nothing accepted is dropped instead.",
+        usage.refused,
+    );
+    w.counter(
+        "sheaf_dead_letters_dropped_total",
+        "Dead letters the memory queue dropped, oldest first, to keep its newest 10,000 (their events leave the log's protection with them).",
+        sources
+            .memory_queue
+            .as_ref()
+            .map_or(0, |queue| queue.dead_letters_dropped()),
+    );
     if let Some(backlog) = backlog {
         w.gauge(
             "sheaf_outbox_events",
