@@ -36,6 +36,9 @@ pub const SCENARIOS: &[&str] = &[
     "shutdown",
     "cdc",
     "broker",
+    "outage",
+    "disabled",
+    "overload",
 ];
 
 /// The fault suite's own Postgres cluster (version [`postgres::VERSION`]).

@@ -50,6 +50,17 @@ impl Api {
         Ok((status, body))
     }
 
+    /// Sends any request to a process; the status and body.
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        base: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        self.send(method, format!("{base}{path}"), body).await
+    }
+
     /// Creates `tenant` with one webhook destination for every topic; returns its id.
     pub async fn tenant_with_destination(
         &self,
@@ -118,6 +129,34 @@ impl Api {
             Some(&body),
         )
         .await
+    }
+
+    /// One publish, answered with its status and its `Retry-After` in seconds (when sent);
+    /// an error when no answer came.
+    pub async fn publish_answer(
+        &self,
+        base: &str,
+        tenant: &str,
+        id: &str,
+        data: &Value,
+    ) -> anyhow::Result<(u16, Option<u64>)> {
+        let body = json!({ "tenant_id": tenant, "topic": "chaos.event", "id": id, "data": data });
+        let response = self
+            .http
+            .post(format!("{base}/api/v1/publish"))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body)?)
+            .send()
+            .await?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        // Read the body so the connection goes back to the pool.
+        let _ = response.bytes().await?;
+        Ok((status, retry_after))
     }
 
     /// `GET /readyz`: the status and body, or `None` when nothing answered.

@@ -160,6 +160,25 @@ impl Ctx {
         .collect()
     }
 
+    /// The settings of a `sheaf` on the embedded default (memory queue and log) with the rest of
+    /// [`Self::sheaf_settings`]: what `sheaf serve` runs with no store configured.
+    pub fn memory_settings(&self) -> Vec<(String, String)> {
+        self.sheaf_settings("unused", "unused")
+            .into_iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "SHEAF_QUEUE"
+                        | "SHEAF_LOG_STORE"
+                        | "SHEAF_POSTGRES_URL"
+                        | "SHEAF_POSTGRES_SCHEMA"
+                        | "SHEAF_CLICKHOUSE_URL"
+                        | "SHEAF_CLICKHOUSE_DATABASE"
+                )
+            })
+            .collect()
+    }
+
     /// Drops a scenario's Postgres schema and ClickHouse database.
     pub async fn drop_stores(&self, schema: &str, database: &str) -> anyhow::Result<()> {
         sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))

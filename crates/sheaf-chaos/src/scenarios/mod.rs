@@ -5,7 +5,10 @@ mod broker;
 mod broker_clients;
 mod cdc;
 mod clickhouse;
+mod disabled;
 mod kill;
+mod outage;
+mod overload;
 mod postgres;
 mod shutdown;
 
@@ -27,6 +30,9 @@ pub const NAMES: &[&str] = &[
     "shutdown",
     "cdc",
     "broker",
+    "outage",
+    "disabled",
+    "overload",
 ];
 
 /// The `'static` spelling of a scenario name.
@@ -43,6 +49,9 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "shutdown" => Box::pin(shutdown::run(ctx)).await,
         "cdc" => Box::pin(cdc::run(ctx)).await,
         "broker" => Box::pin(broker::run(ctx)).await,
+        "outage" => Box::pin(outage::run(ctx)).await,
+        "disabled" => Box::pin(disabled::run(ctx)).await,
+        "overload" => Box::pin(overload::run(ctx)).await,
         other => anyhow::bail!("unknown scenario {other}"),
     }
 }

@@ -121,3 +121,20 @@ impl From<BodyError> for ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, err.code, err.message)
     }
 }
+
+/// A place among the publishes handled at once (`SHEAF_MAX_PUBLISHES_IN_FLIGHT`), held until the
+/// handler returns; `503 overloaded` with `Retry-After` when every place is taken. Put it before
+/// the body extractor so a refused publish is not read.
+#[derive(Debug)]
+pub struct PublishPlace(#[allow(dead_code)] crate::state::admission::InFlight);
+
+impl FromRequestParts<AppState> for PublishPlace {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(_parts: &mut Parts, core: &AppState) -> Result<Self, ApiError> {
+        core.admission
+            .enter()
+            .map(PublishPlace)
+            .map_err(|refused| ApiError::overloaded(refused.message, refused.retry_after))
+    }
+}

@@ -165,6 +165,10 @@ pub struct Config {
     pub log_write: WriteConfig,
     /// `SHEAF_LOG_SHIP_INTERVAL`.
     pub log_ship_interval: Duration,
+    /// `SHEAF_MAX_PUBLISHES_IN_FLIGHT`.
+    pub max_publishes_in_flight: usize,
+    /// `SHEAF_MEMORY_LOG_*`: what the memory log keeps besides the events still owed a delivery.
+    pub memory_log_retention: sheaf_memory::LogRetention,
     /// `SHEAF_MEMORY_MAX_PENDING_EVENTS`.
     pub memory_max_pending_events: u64,
     /// `SHEAF_MEMORY_MAX_PENDING_BYTES`.
@@ -313,6 +317,12 @@ impl Config {
                 ..WriteConfig::default()
             },
             log_ship_interval: values.duration(&s::LOG_SHIP_INTERVAL)?,
+            max_publishes_in_flight: values.usize(&s::MAX_PUBLISHES_IN_FLIGHT)?,
+            memory_log_retention: sheaf_memory::LogRetention {
+                max_age: Some(values.duration(&s::MEMORY_LOG_MAX_AGE)?),
+                max_events: values.usize(&s::MEMORY_LOG_MAX_EVENTS)?,
+                max_attempts: values.usize(&s::MEMORY_LOG_MAX_ATTEMPTS)?,
+            },
             memory_max_pending_events: values.int(&s::MEMORY_MAX_PENDING_EVENTS)?,
             memory_max_pending_bytes: values.int(&s::MEMORY_MAX_PENDING_BYTES)?,
             outbox_max_events: values.int(&s::OUTBOX_MAX_EVENTS)?,

@@ -461,6 +461,52 @@ pub const LOG_SHIP_INTERVAL: Setting = setting(
     },
     "With SHEAF_QUEUE=postgres and a log store elsewhere: how often the log shipper moves events and attempts from the Postgres outbox to the log store when it is not behind.",
 );
+// Publishes past the service's capacity wait inside it, and their latency grows with every one
+// let in; a bound on how many are being handled turns the excess into a quick 503 instead. At
+// the ~6,000 publishes a second the memory backends take, 1,024 in flight are ~170 ms of work,
+// far above the 32 a closed-loop load of 32 clients keeps busy.
+/// `SHEAF_MAX_PUBLISHES_IN_FLIGHT`.
+pub const MAX_PUBLISHES_IN_FLIGHT: Setting = setting(
+    "SHEAF_MAX_PUBLISHES_IN_FLIGHT",
+    Some("1024"),
+    Kind::Integer {
+        min: 1,
+        max: 1_000_000,
+    },
+    "HTTP publishes handled at once by one process; one more is answered `503` with `Retry-After` at once, before its body is read, so an overload is refused quickly instead of queueing inside the process.",
+);
+// The memory log's retention (`LogRetention::default`): three days, and at ~2 KB payloads some
+// 70 MB for 25,000 events with their attempts (docs/benchmarks.md, `memory`).
+/// `SHEAF_MEMORY_LOG_MAX_EVENTS`.
+pub const MEMORY_LOG_MAX_EVENTS: Setting = setting(
+    "SHEAF_MEMORY_LOG_MAX_EVENTS",
+    Some("25000"),
+    Kind::Integer {
+        min: 1,
+        max: 100_000_000,
+    },
+    "With the memory log: how many events it keeps besides those still owed a delivery (which are kept until delivered, whatever this says); the oldest go first.",
+);
+/// `SHEAF_MEMORY_LOG_MAX_ATTEMPTS`.
+pub const MEMORY_LOG_MAX_ATTEMPTS: Setting = setting(
+    "SHEAF_MEMORY_LOG_MAX_ATTEMPTS",
+    Some("100000"),
+    Kind::Integer {
+        min: 1,
+        max: 400_000_000,
+    },
+    "With the memory log: how many attempts it keeps besides those of events still owed a delivery; an attempt also goes with its event.",
+);
+/// `SHEAF_MEMORY_LOG_MAX_AGE`.
+pub const MEMORY_LOG_MAX_AGE: Setting = setting(
+    "SHEAF_MEMORY_LOG_MAX_AGE",
+    Some("3d"),
+    Kind::Duration {
+        min: MINUTE,
+        max: Duration::from_secs(365 * 24 * 3600),
+    },
+    "With the memory log: events and attempts older than this are dropped (checked every 2 s), except those still owed a delivery.",
+);
 // What the embedded default may hold for deliveries still owed, beside the log's retention
 // (25,000 events, ~70 MB at 2 KB payloads). A held 1 KB event costs about 2 KB of memory all
 // told (its payload, its log record and indexes, its job row), so the defaults keep a backlog
@@ -791,6 +837,10 @@ pub const SETTINGS: &[Setting] = &[
     LOG_WRITE_MAX_BYTES,
     LOG_WRITE_MAX_WAIT_MS,
     LOG_SHIP_INTERVAL,
+    MAX_PUBLISHES_IN_FLIGHT,
+    MEMORY_LOG_MAX_EVENTS,
+    MEMORY_LOG_MAX_ATTEMPTS,
+    MEMORY_LOG_MAX_AGE,
     MEMORY_MAX_PENDING_EVENTS,
     MEMORY_MAX_PENDING_BYTES,
     OUTBOX_MAX_EVENTS,

@@ -16,12 +16,19 @@
 //!   ([`Admission::note_outbox`]) and publishes compare with the sample.
 //! - **Postgres queue and log**: the log tables are the record and nothing waits to be shipped;
 //!   jobs are small rows and Postgres's disk is the bound. No bound is applied here.
+//!
+//! In front of all three, HTTP publishes being handled at once are bounded
+//! (`SHEAF_MAX_PUBLISHES_IN_FLIGHT`, [`Admission::enter`]): past the process's capacity a
+//! publish would otherwise wait inside it, each one let in making every later one slower, and
+//! the pending-work bound would never be reached because the work is stuck before it. One more
+//! is refused at once, before its body is read.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sheaf_memory::MemoryLogStore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a refused publisher is asked to wait: long enough that a flood of retries does not
 /// become the load, short enough that a drained backlog takes publishes again soon.
@@ -63,9 +70,16 @@ enum Bound {
     None,
 }
 
+/// A publish being handled: holds one of the `SHEAF_MAX_PUBLISHES_IN_FLIGHT` places until
+/// dropped.
+#[derive(Debug)]
+pub struct InFlight(#[allow(dead_code)] OwnedSemaphorePermit);
+
 /// The door of one process: see the module docs.
 pub struct Admission {
     bound: Bound,
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
     /// The outbox's waiting events at the last sample.
     outbox_events: AtomicU64,
     refused: AtomicU64,
@@ -102,8 +116,35 @@ impl Admission {
     fn with(bound: Bound) -> Self {
         Self {
             bound,
+            in_flight: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+            max_in_flight: Semaphore::MAX_PERMITS,
             outbox_events: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+        }
+    }
+
+    /// At most `max` HTTP publishes handled at once ([`Self::enter`]).
+    pub fn publishes_in_flight(mut self, max: usize) -> Self {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        self.in_flight = Arc::new(Semaphore::new(max));
+        self.max_in_flight = max;
+        self
+    }
+
+    /// A place for one HTTP publish, or [`Refused`] while every place is taken.
+    pub fn enter(&self) -> Result<InFlight, Refused> {
+        match Arc::clone(&self.in_flight).try_acquire_owned() {
+            Ok(permit) => Ok(InFlight(permit)),
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(Refused {
+                    message: format!(
+                        "{} publishes are being handled, the bound SHEAF_MAX_PUBLISHES_IN_FLIGHT;                          the service is at its capacity",
+                        self.max_in_flight
+                    ),
+                    retry_after: RETRY_AFTER,
+                })
+            }
         }
     }
 

@@ -162,15 +162,20 @@ impl Core {
             .then(|| EventTraces::new(config.fresh_event_cache));
         let health = (config.disable_after_failures > 0 || config.operator_webhook.is_some())
             .then(HealthReports::new);
-        let admission = Arc::new(match (&stores.memory_log, &stores.outbox) {
-            (Some(log), _) => Admission::memory(
-                Arc::clone(log),
-                config.memory_max_pending_events,
-                config.memory_max_pending_bytes,
-            ),
-            (None, Some(outbox)) if !outbox.is_log() => Admission::outbox(config.outbox_max_events),
-            _ => Admission::unbounded(),
-        });
+        let admission = Arc::new(
+            match (&stores.memory_log, &stores.outbox) {
+                (Some(log), _) => Admission::memory(
+                    Arc::clone(log),
+                    config.memory_max_pending_events,
+                    config.memory_max_pending_bytes,
+                ),
+                (None, Some(outbox)) if !outbox.is_log() => {
+                    Admission::outbox(config.outbox_max_events)
+                }
+                _ => Admission::unbounded(),
+            }
+            .publishes_in_flight(config.max_publishes_in_flight),
+        );
         Ok(Arc::new(Self {
             metric_sources: MetricSources {
                 service: Arc::clone(&metrics),

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore, QueueLimits};
+use sheaf_memory::{LogRetention, MemoryEntityStore, MemoryJobQueue, MemoryLogStore, QueueLimits};
 use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
 
 use crate::settings::{Config, LogStoreKind, QueueKind};
@@ -47,10 +47,15 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// Everything in this process's memory: the queue holds the events of its jobs in the log,
-    /// so retention never drops an event a delivery is still owed.
+    /// Everything in this process's memory, with the log's default retention.
     pub fn memory() -> Self {
-        let log = Arc::new(MemoryLogStore::default());
+        Self::memory_keeping(LogRetention::default())
+    }
+
+    /// Everything in this process's memory: the queue holds the events of its jobs in the log,
+    /// so `retention` never drops an event a delivery is still owed.
+    pub fn memory_keeping(retention: LogRetention) -> Self {
+        let log = Arc::new(MemoryLogStore::new(retention));
         let queue = Arc::new(MemoryJobQueue::holding_events_in(
             QueueLimits::default(),
             Arc::clone(&log),
@@ -69,7 +74,7 @@ impl Stores {
     /// or upgrades its schema first (`sheaf serve` and `sheaf migrate` both do).
     pub async fn connect(config: &Config, migrate: Migrate) -> anyhow::Result<Self> {
         let migrate = migrate == Migrate::Yes;
-        let memory = Self::memory();
+        let memory = Self::memory_keeping(config.memory_log_retention.clone());
         let needs_postgres =
             config.log_store == LogStoreKind::Postgres || config.queue == QueueKind::Postgres;
         let postgres = if needs_postgres {

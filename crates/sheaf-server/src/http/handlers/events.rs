@@ -13,7 +13,7 @@ use sheaf_store::{
 
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
-use crate::http::extract::{ApiJson, ApiPath, ApiQuery, AppState};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery, AppState, PublishPlace};
 use crate::ingest::publish::PublishRequest;
 use crate::ingest::retry::RetryRequest;
 
@@ -22,6 +22,8 @@ use super::{ApiResult, existing_tenant, not_operator_tenant, tenant_id};
 pub(crate) async fn publish(
     State(core): State<AppState>,
     caller: Caller,
+    // Before the body is read: past the bound a publish is refused without reading it.
+    _place: PublishPlace,
     ApiJson(request): ApiJson<PublishRequest>,
 ) -> ApiResult {
     let request = crate::ingest::body::validate_publish(request)?;

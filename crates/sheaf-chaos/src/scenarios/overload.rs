@@ -1,0 +1,183 @@
+//! `overload`: the embedded default is offered twice what it can deliver, for 60 s (10 s with
+//! `--quick`), by an open-loop generator that keeps its rate whatever the latency.
+//!
+//! First its capacity is measured on the same machine in the same run: 32 closed-loop
+//! publishers for a few seconds against a receiver answering 200 at once, accepted publishes
+//! per second (each is delivered as it goes). Then events start at twice that rate. What must
+//! hold: every accepted event is delivered; every refused one got `503` with `Retry-After` (no
+//! other answer, no timeout); the process's memory stays under what its bounds allow; and the
+//! accepted publishes' p99 stays bounded (printed; a check at 5 s catches a queue in front of
+//! the door).
+
+use std::time::{Duration, Instant};
+
+use sheaf_testenv::receiver::Receiver;
+
+use crate::api::{Api, metric};
+use crate::env::Ctx;
+use crate::load::{closed_loop, open_loop};
+use crate::report::{Report, secs};
+use crate::sheaf;
+
+use super::{SETTLE, TENANT, stop_clean};
+
+/// See `outage`: what one held or retained 1 KB event may cost at most, the log's retention
+/// (set low, as there), and the process before any event.
+const BYTES_PER_EVENT: f64 = 4096.0;
+const RETAINED_EVENTS: usize = 500;
+const BASE_MIB: f64 = 200.0;
+
+/// Publishes handled at once: a debug build takes a few hundred a second, so the default 1,024
+/// would be seconds of queueing inside the process; 64 are a fraction of a second.
+const IN_FLIGHT: usize = 64;
+
+/// The accepted publishes' p99 that means the door lets a queue build up behind it.
+const P99_LIMIT: Duration = Duration::from_secs(5);
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let mut report = Report::new("overload");
+    let (measure, span, bound) = if ctx.quick {
+        (Duration::from_secs(3), Duration::from_secs(10), 1_000)
+    } else {
+        (Duration::from_secs(5), Duration::from_secs(60), 5_000)
+    };
+    let mut settings = ctx.memory_settings();
+    settings.extend(
+        [
+            ("SHEAF_MEMORY_MAX_PENDING_EVENTS", bound.to_string()),
+            ("SHEAF_MEMORY_LOG_MAX_EVENTS", RETAINED_EVENTS.to_string()),
+            ("SHEAF_MAX_PUBLISHES_IN_FLIGHT", IN_FLIGHT.to_string()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let rss_limit = BASE_MIB + (bound + RETAINED_EVENTS) as f64 * BYTES_PER_EVENT / 1048576.0;
+    let receiver = Receiver::builder().start().await?;
+    let mut sheaf = sheaf::spawn(ctx, "overload", "a", &settings).await?;
+    let base = sheaf.base();
+    let api = Api::new(Duration::from_secs(10))?;
+    api.tenant_with_destination(&base, TENANT, &receiver.url())
+        .await?;
+
+    let measured = closed_loop(
+        api.clone(),
+        base.clone(),
+        TENANT,
+        "overload-measure",
+        32,
+        Instant::now() + measure,
+    )
+    .await?;
+    let capacity = measured.accepted_per_second();
+    let drained = receiver.wait_for(measured.accepted.keys(), SETTLE).await;
+    anyhow::ensure!(
+        drained.is_empty() && capacity > 0.0,
+        "measuring the capacity: {capacity:.0}/s, {} undelivered",
+        drained.len()
+    );
+    let rate = 2.0 * capacity;
+    report.note(
+        "capacity",
+        format!(
+            "{capacity:.0} publishes/s accepted and delivered with 32 closed-loop publishers over {}; offering {rate:.0}/s",
+            secs(measure)
+        ),
+    );
+
+    let started = Instant::now();
+    let load = open_loop(
+        api.clone(),
+        base.clone(),
+        TENANT,
+        "overload",
+        rate,
+        span,
+        4_096,
+    )
+    .await?;
+    let offered = (rate * span.as_secs_f64()) as usize;
+    let sent = offered - load.not_started;
+    report.note(
+        "offered",
+        format!(
+            "{offered} events over {} ({sent} sent, {:.0}/s; {} not started because 4,096 were in flight)",
+            secs(span),
+            sent as f64 / started.elapsed().as_secs_f64().max(1.0),
+            load.not_started
+        ),
+    );
+    let page = api.metrics(&base).await?;
+    report.note(
+        "answers",
+        format!(
+            "{} accepted ({:.0}/s), {} refused with 503 ({} without Retry-After; the service counted {}), other: {}",
+            load.accepted.len(),
+            load.accepted_per_second(),
+            load.refused,
+            load.refused_without_retry_after,
+            metric(&page, "sheaf_publishes_refused_total").unwrap_or(0.0),
+            load.other_text()
+        ),
+    );
+    let p99 = load.latency_quantile(0.99);
+    report.note(
+        "accepted publishes' latency",
+        format!(
+            "p50 {} ms, p99 {} ms, max {} ms",
+            load.latency_quantile(0.5).as_millis(),
+            p99.as_millis(),
+            load.latency_quantile(1.0).as_millis()
+        ),
+    );
+    report.check(
+        load.refused_without_retry_after == 0,
+        format!(
+            "{} refusals without Retry-After",
+            load.refused_without_retry_after
+        ),
+    );
+    report.check(
+        load.other_total() == 0,
+        format!("answers other than 202 and 503: {}", load.other_text()),
+    );
+    report.check(
+        p99 < P99_LIMIT,
+        format!("accepted publishes' p99 {} ms", p99.as_millis()),
+    );
+    report.check(
+        load.refused > 0,
+        "nothing was refused at twice the capacity: no bound was reached",
+    );
+
+    let missing = receiver.wait_for(load.accepted.keys(), SETTLE).await;
+    report.note(
+        "delivered",
+        format!(
+            "every accepted event {} after the load began",
+            if missing.is_empty() {
+                secs(started.elapsed())
+            } else {
+                "never".to_owned()
+            }
+        ),
+    );
+    let mut accepted = measured.accepted;
+    accepted.extend(load.accepted);
+    report.deliveries(
+        &accepted,
+        &receiver.first_successes(),
+        receiver.duplicates(),
+    );
+
+    let hwm = sheaf.peak_rss_kib().map_or(0.0, |kib| kib as f64 / 1024.0);
+    report.note(
+        "sheaf peak RSS",
+        format!("{hwm:.0} MiB (VmHWM); the configured bounds allow {rss_limit:.0} MiB"),
+    );
+    report.check(
+        hwm < rss_limit,
+        format!("peak RSS {hwm:.0} MiB is above the {rss_limit:.0} MiB the bounds allow"),
+    );
+    report.check(sheaf.running(), "sheaf exited");
+    stop_clean(&mut report, sheaf).await?;
+    Ok(report)
+}
