@@ -96,3 +96,66 @@ async fn at_the_pending_bound_publishes_wait_and_nothing_accepted_is_lost() {
     assert!(receiver.delivers_all(&late, Duration::from_secs(10)).await);
     server.shutdown().await;
 }
+
+/// With the Postgres queue and ClickHouse, the bound is on the events waiting in the outbox for
+/// the log store. A shipper that moves them once a minute stands in for a ClickHouse that does
+/// not take them: past `SHEAF_OUTBOX_MAX_EVENTS` publishes are refused, naming it, while the
+/// accepted events are delivered (a delivery needs no log store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_bound_refuses_publishes_while_the_log_store_lags() {
+    let test = "the_outbox_bound_refuses_publishes_while_the_log_store_lags";
+    let (Some(postgres), Some(clickhouse)) = (
+        sheaf_testenv::postgres_url(test),
+        sheaf_testenv::clickhouse_url(test),
+    ) else {
+        return;
+    };
+    let receiver = Receiver::start().await.expect("the receiver binds");
+    let schema = sheaf_testenv::unique_name("bp");
+    let database = sheaf_testenv::unique_name("bp");
+    let server = start_server(env_with(&[
+        ("SHEAF_QUEUE", "postgres"),
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", clickhouse.as_str()),
+        ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
+        ("SHEAF_LOG_SHIP_INTERVAL", "1m"),
+        ("SHEAF_OUTBOX_MAX_EVENTS", "5"),
+    ]))
+    .await;
+    let client = Client::new(server.addr);
+    client
+        .tenant_with_destination("outbox", &receiver.url())
+        .await;
+    let accepted: HashSet<String> = (0..5).map(|i| format!("o-{i}")).collect();
+    for id in &accepted {
+        let answer = client.publish("outbox", id, json!({})).await;
+        assert_eq!(answer.status, 202, "{answer:?}");
+    }
+    // The housekeeping task counts the outbox every 2 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let answer = client.publish("outbox", "o-late", json!({})).await;
+        if answer.status == 503 {
+            break answer;
+        }
+        assert_eq!(answer.status, 202, "{answer:?}");
+        assert!(Instant::now() < deadline, "never refused");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(refused.error_code(), "overloaded");
+    let message = refused.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("SHEAF_OUTBOX_MAX_EVENTS=5"), "{message}");
+    assert!(client.metric("sheaf_pending_events").await >= 5.0);
+    assert_eq!(client.metric("sheaf_pending_events_limit").await, 5.0);
+    assert!(
+        receiver
+            .delivers_all(&accepted, Duration::from_secs(10))
+            .await,
+        "accepted events are delivered while they wait for the log store"
+    );
+    server.shutdown().await;
+}
