@@ -4,7 +4,8 @@
 //! `LogStore::maintain`: in memory, retention by age while nothing is written), and beats the
 //! queue's heartbeat, whose count of delivering processes splits rate limits between them. With
 //! an outbox shipped to another log store, it also samples how many events wait there, for the
-//! pending-work bound publishes pass (`state::admission`).
+//! pending-work bound publishes pass (`state::admission`). With the memory queue, it says in the
+//! log when dead letters were dropped at the queue's bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub(super) async fn run(core: Arc<Core>, stop: CancellationToken) {
     // The first round at once: the heartbeat's count matters from the first delivery.
     let mut first = true;
     let mut next_outbox_count = tokio::time::Instant::now();
+    let mut dead_letters_dropped = 0;
     loop {
         if !first {
             tokio::select! {
@@ -76,6 +78,18 @@ pub(super) async fn run(core: Arc<Core>, stop: CancellationToken) {
                 Err(err) => {
                     tracing::warn!(error = %err, "could not count the outbox; trying again later")
                 }
+            }
+        }
+        if let Some(queue) = &core.stores.memory_queue {
+            let dropped = queue.dead_letters_dropped();
+            if dropped > dead_letters_dropped {
+                tracing::warn!(
+                    dropped = dropped - dead_letters_dropped,
+                    total = dropped,
+                    "the memory queue dropped its oldest dead letters to keep its newest 10,000; \
+                     their events can no longer be replayed"
+                );
+                dead_letters_dropped = dropped;
             }
         }
         match core.stores.log.maintain().await {
