@@ -23,8 +23,8 @@ use crate::api::{Api, event_data};
 pub struct Load {
     /// Events answered `202`, and when.
     pub accepted: HashMap<String, Instant>,
-    /// How long each accepted publish took.
-    pub latencies: Vec<Duration>,
+    /// When each accepted publish was sent, and how long it took.
+    pub latencies: Vec<(Instant, Duration)>,
     /// Publishes answered `503`.
     pub refused: usize,
     /// Of those, how many came without a `Retry-After`.
@@ -53,7 +53,23 @@ impl Load {
 
     /// The `q` quantile (0..=1) of the accepted publishes' latency.
     pub fn latency_quantile(&self, q: f64) -> Duration {
-        let mut sorted = self.latencies.clone();
+        self.latency_quantile_between(q, None, None)
+    }
+
+    /// The `q` quantile of the latency of the accepted publishes sent between `from` and `to`
+    /// (either end open when `None`).
+    pub fn latency_quantile_between(
+        &self,
+        q: f64,
+        from: Option<Instant>,
+        to: Option<Instant>,
+    ) -> Duration {
+        let mut sorted: Vec<Duration> = self
+            .latencies
+            .iter()
+            .filter(|(sent, _)| from.is_none_or(|f| *sent >= f) && to.is_none_or(|t| *sent < t))
+            .map(|(_, took)| *took)
+            .collect();
         sorted.sort();
         if sorted.is_empty() {
             return Duration::ZERO;
@@ -87,7 +103,7 @@ impl Load {
         match answer {
             Ok((202, _)) => {
                 self.accepted.insert(id.to_owned(), now);
-                self.latencies.push(now - sent);
+                self.latencies.push((sent, now - sent));
             }
             Ok((503, retry_after)) => {
                 self.refused += 1;

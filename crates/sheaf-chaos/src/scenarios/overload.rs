@@ -6,8 +6,11 @@
 //! per second (each is delivered as it goes). Then events start at twice that rate. What must
 //! hold: every accepted event is delivered; every refused one got `503` with `Retry-After` (no
 //! other answer, no timeout); the process's memory stays under what its bounds allow; and the
-//! accepted publishes' p99 stays bounded (printed; a check at 5 s catches a queue in front of
-//! the door).
+//! accepted publishes' latency stays bounded: printed, and checked by how it moves rather than
+//! by a figure a shared machine cannot promise. Work queued in front of the door grows for as
+//! long as the overload lasts, so its latency climbs from the first third of the run to the
+//! last; a door that refuses the excess keeps it flat. The check: the last third's p99 at most
+//! twice the first third's, or 1 s.
 
 use std::time::{Duration, Instant};
 
@@ -31,8 +34,8 @@ const BASE_MIB: f64 = 200.0;
 /// would be seconds of queueing inside the process; 64 are a fraction of a second.
 const IN_FLIGHT: usize = 64;
 
-/// The accepted publishes' p99 that means the door lets a queue build up behind it.
-const P99_LIMIT: Duration = Duration::from_secs(5);
+/// Below this a p99 is not called growing, whatever the ratio.
+const P99_FLOOR: Duration = Duration::from_secs(1);
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let mut report = Report::new("overload");
@@ -54,7 +57,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let receiver = Receiver::builder().start().await?;
     let mut sheaf = sheaf::spawn(ctx, "overload", "a", &settings).await?;
     let base = sheaf.base();
-    let api = Api::new(Duration::from_secs(10))?;
+    // Longer than the service's own request timeout (30 s), so every publish gets the service's
+    // answer, a 503 `request_timeout` at worst, rather than the client's giving up.
+    let api = Api::new(Duration::from_secs(40))?;
     api.tenant_with_destination(&base, TENANT, &receiver.url())
         .await?;
 
@@ -118,14 +123,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
             load.other_text()
         ),
     );
-    let p99 = load.latency_quantile(0.99);
+    let third = span / 3;
+    let first = load.latency_quantile_between(0.99, None, Some(started + third));
+    let last = load.latency_quantile_between(0.99, Some(started + 2 * third), None);
     report.note(
         "accepted publishes' latency",
         format!(
-            "p50 {} ms, p99 {} ms, max {} ms",
+            "p50 {} ms, p99 {} ms, max {} ms; p99 {} ms in the first third of the run, {} ms in the last",
             load.latency_quantile(0.5).as_millis(),
-            p99.as_millis(),
-            load.latency_quantile(1.0).as_millis()
+            load.latency_quantile(0.99).as_millis(),
+            load.latency_quantile(1.0).as_millis(),
+            first.as_millis(),
+            last.as_millis()
         ),
     );
     report.check(
@@ -140,8 +149,12 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         format!("answers other than 202 and 503: {}", load.other_text()),
     );
     report.check(
-        p99 < P99_LIMIT,
-        format!("accepted publishes' p99 {} ms", p99.as_millis()),
+        last <= (2 * first).max(P99_FLOOR),
+        format!(
+            "accepted publishes' p99 grew from {} ms in the first third to {} ms in the last: a queue builds up in front of the door",
+            first.as_millis(),
+            last.as_millis()
+        ),
     );
     report.check(
         load.refused > 0,
