@@ -127,7 +127,9 @@ pub struct Config {
     pub token_max_ttl: Duration,
     /// `SHEAF_PUBLIC_URL`: scheme, host and port, without a trailing slash.
     pub public_url: Option<String>,
-    /// `SHEAF_SECRETS_KEY`: destination secrets are sealed with it in every entity store.
+    /// `SHEAF_SECRETS_KEY`: destination secrets (and passwords in `config.url`) are sealed with
+    /// it in every entity store; with `SHEAF_SECRETS_KEY_PREVIOUS` beside it, values sealed
+    /// with that one still open.
     pub secrets_key: Option<SecretsKey>,
     /// `SHEAF_LOG_STORE`.
     pub log_store: LogStoreKind,
@@ -249,6 +251,7 @@ impl Config {
             .map(|k| SecretsKey::from_base64(&k))
             .transpose()
             .map_err(|m| ConfigError::new(s::SECRETS_KEY.name, m))?;
+        let secrets_key = parse_previous_secrets_key(&values, secrets_key)?;
         let stores = parse_stores(&values)?;
         let delivery_timeout = values.duration(&s::DELIVERY_TIMEOUT)?;
         let queue_lease = values.duration(&s::QUEUE_LEASE)?;
@@ -566,6 +569,29 @@ fn redact_userinfo(raw: &str) -> String {
     match (raw.split_once("://"), raw.rsplit_once('@')) {
         (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
         _ => raw.to_owned(),
+    }
+}
+
+/// `SHEAF_SECRETS_KEY_PREVIOUS`: added to `SHEAF_SECRETS_KEY`, which it needs (a key that only
+/// opens is of use only beside one that seals).
+fn parse_previous_secrets_key(
+    values: &Values,
+    current: Option<SecretsKey>,
+) -> Result<Option<SecretsKey>, ConfigError> {
+    let name = s::SECRETS_KEY_PREVIOUS.name;
+    match (values.optional(&s::SECRETS_KEY_PREVIOUS), current) {
+        (None, current) => Ok(current),
+        (Some(_), None) => Err(ConfigError::new(
+            name,
+            format!(
+                "needs {}: the previous key only opens values, and the current one seals them",
+                s::SECRETS_KEY.name
+            ),
+        )),
+        (Some(raw), Some(current)) => current
+            .with_previous(&raw)
+            .map(Some)
+            .map_err(|m| ConfigError::new(name, m)),
     }
 }
 

@@ -1,27 +1,41 @@
-//! Destination signing secrets encrypted at rest: [`SecretsKey`] (AES-256-GCM, from
-//! `SHEAF_SECRETS_KEY`) and [`SealedEntityStore`], the `EntityStore` wrapper that every backend
-//! sits behind, so memory, Postgres and any future store hold only ciphertext.
+//! Destination credentials encrypted at rest: [`SecretsKey`] (AES-256-GCM, from
+//! `SHEAF_SECRETS_KEY`, with `SHEAF_SECRETS_KEY_PREVIOUS` as a decrypt-only second key while the
+//! key is rotated) and [`SealedEntityStore`], the `EntityStore` wrapper that every backend sits
+//! behind, so memory, Postgres and any future store hold only ciphertext.
 //!
-//! The wrapper works at the store boundary because that is the one place every secret crosses on
-//! its way to storage: the handlers and the delivery engine keep working with plaintext
-//! `Destination`s, and no backend needs to know about keys.
+//! The wrapper works at the store boundary because that is the one place every credential
+//! crosses on its way to storage: the handlers and the delivery engine keep working with
+//! plaintext `Destination`s, and no backend needs to know about keys. It seals three values of
+//! a destination: its signing secret, its previous secret, and the password of its
+//! `config.url` (a broker URL's `user:password@`, see [`crate::state::url_password`]; the rule is
+//! the same for every destination type, so the engine still names none).
 //!
-//! Stored form: `enc:v1:` followed by the base64 of a fresh 96-bit random nonce and the
-//! ciphertext with its 128-bit tag. The associated data binds a ciphertext to its destination
-//! (`sheaf destination secret v1`, the tenant id and the destination id), so a ciphertext copied
-//! into another destination's row does not decrypt. A secret's plaintext is `whsec_…`, never
-//! `enc:…`, so the prefix tells the two apart:
+//! Stored form, chosen so that a value says which key sealed it:
 //!
-//! - rows written before a key was configured (plaintext) still read; a rotation seals the new
-//!   secret, and the old plaintext one stays as the previous secret until its grace ends (the
-//!   store moves the stored value as it is, and `EntityStore` has no call that rewrites it);
-//! - an `enc:` value read without a key, or with another key, is an error that names
-//!   `SHEAF_SECRETS_KEY`; deliveries to that destination wait (they are retried) rather than go
-//!   out unsigned.
+//! - `enc:v2:<key id>:` then the URL-safe base64 (no padding) of a fresh 96-bit random nonce and
+//!   the ciphertext with its 128-bit tag. The key id is 8 hex digits derived from the key
+//!   ([`SecretsKey`]); the alphabet has no `/`, `@`, `?` or `#`, so a sealed password sits in a
+//!   URL's userinfo as it is. Every write uses this form, with the current key.
+//! - `enc:v1:` then the standard base64 of the same: what was written before key ids. It names
+//!   no key, so it is tried with the current key, then the previous one.
 //!
-//! Not done yet (future work, see `docs/security.md`): rotating `SHEAF_SECRETS_KEY` itself. It
-//! needs a second, decrypt-only key and a pass that re-seals every destination; the `v1` in the
-//! prefix leaves room for a key id.
+//! The associated data binds a ciphertext to its destination and to what it is (`sheaf
+//! destination secret v1` or `sheaf destination url password v1`, the tenant id and the
+//! destination id), so a ciphertext copied into another destination's row, or from the secret
+//! into the URL, does not decrypt. A secret's plaintext is `whsec_…` and a password is what the
+//! tenant wrote, never `enc:…` in practice, so the prefix tells sealed from plain:
+//!
+//! - values written before a key was configured (plaintext) still read; a rotation seals the new
+//!   secret, and the old plaintext one stays as the previous secret until its grace ends or
+//!   `sheaf secrets reseal` seals it;
+//! - an `enc:` value read without a key, or under a key id that is neither key, is an error
+//!   that names the settings and the key ids; deliveries to that destination wait (they are
+//!   retried) rather than go out unsigned.
+//!
+//! Rotating `SHEAF_SECRETS_KEY` itself: processes restarted with the new key and the old one as
+//! `SHEAF_SECRETS_KEY_PREVIOUS` read everything and write only under the new key;
+//! [`SealedEntityStore::reseal`] (`sheaf secrets reseal`) then re-seals what is left under the
+//! old key, in pages and by compare-and-set, while servers keep running (`docs/operations.md`).
 
 use std::sync::Arc;
 
@@ -29,72 +43,192 @@ use aes_gcm::Nonce;
 use aes_gcm::aead::{Aead, Payload};
 use async_trait::async_trait;
 use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64_URL};
 use sheaf_store::{
-    DeliveryHealth, Destination, DestinationId, DestinationPatch, EntityStore, Error, HealthChange,
-    PreviousSecret, Result, Secret, Tenant, TenantId, TenantUpsert, Timestamp,
+    CredentialsSwap, DeliveryHealth, Destination, DestinationId, DestinationPatch, EntityStore,
+    Error, HealthChange, PreviousSecret, Result, Secret, StoredCredentials, Tenant, TenantId,
+    TenantUpsert, Timestamp,
 };
 
 pub use crate::settings::SecretsKey;
+use crate::settings::keys::SealingKey;
+use crate::state::url_password;
 
-/// The prefix of a sealed secret, with the format's version.
-pub const SEALED_PREFIX: &str = "enc:v1:";
+/// The prefix of every sealed value, whatever its version.
+const SEALED: &str = "enc:";
+/// The prefix of a value sealed before key ids, with the version of that format.
+pub const SEALED_PREFIX_V1: &str = "enc:v1:";
+/// The prefix of a value sealed with a key id (`enc:v2:<key id>:`), the form every write uses.
+pub const SEALED_PREFIX: &str = "enc:v2:";
 
-impl SecretsKey {
-    fn aad(tenant: &TenantId, id: &DestinationId) -> Vec<u8> {
-        let mut aad = b"sheaf destination secret v1\0".to_vec();
-        aad.extend_from_slice(tenant.as_str().as_bytes());
-        aad.push(0);
-        aad.extend_from_slice(id.as_uuid().as_bytes());
-        aad
+/// What a sealed value is, which the associated data says so it cannot be moved to another use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sealed {
+    Secret,
+    UrlPassword,
+}
+
+impl Sealed {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Sealed::Secret => b"sheaf destination secret v1\0",
+            Sealed::UrlPassword => b"sheaf destination url password v1\0",
+        }
     }
 
-    /// Encrypts `secret` for the destination `(tenant, id)`.
-    pub fn seal(&self, tenant: &TenantId, id: &DestinationId, secret: &Secret) -> Result<Secret> {
+    fn what(self) -> &'static str {
+        match self {
+            Sealed::Secret => "signing secret",
+            Sealed::UrlPassword => "config.url password",
+        }
+    }
+}
+
+/// Which key a stored value is under, for the re-sealing pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SealedUnder {
+    /// Not sealed: written before a key was configured.
+    Nothing,
+    /// The current key: nothing to do.
+    Current,
+    /// Another key: the previous one, an older one, or (`enc:v1:`) whichever opens it.
+    Other,
+}
+
+fn aad(what: Sealed, tenant: &TenantId, id: &DestinationId) -> Vec<u8> {
+    let mut aad = what.label().to_vec();
+    aad.extend_from_slice(tenant.as_str().as_bytes());
+    aad.push(0);
+    aad.extend_from_slice(id.as_uuid().as_bytes());
+    aad
+}
+
+impl SealingKey {
+    fn seal_bytes(&self, plain: &[u8], aad: &[u8]) -> Result<Vec<u8>> {
         let nonce_bytes: [u8; 12] = rand::random();
-        let nonce = Nonce::from(nonce_bytes);
-        let aad = Self::aad(tenant, id);
         let sealed = self
             .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: secret.expose().as_bytes(),
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| backend("could not encrypt a destination secret"))?;
+            .encrypt(&Nonce::from(nonce_bytes), Payload { msg: plain, aad })
+            .map_err(|_| backend("could not encrypt a destination credential"))?;
         let mut out = nonce_bytes.to_vec();
         out.extend_from_slice(&sealed);
-        Secret::new(format!("{SEALED_PREFIX}{}", BASE64.encode(out)))
+        Ok(out)
     }
 
-    /// Decrypts a sealed secret of the destination `(tenant, id)`.
-    fn open(&self, tenant: &TenantId, id: &DestinationId, sealed: &str) -> Result<Secret> {
-        let wrong = || {
-            backend(format!(
-                "the signing secret of destination {id} does not decrypt with SHEAF_SECRETS_KEY (another key, or a damaged row)"
-            ))
-        };
-        let bytes = BASE64.decode(sealed).map_err(|_| wrong())?;
+    /// The plaintext of nonce ‖ ciphertext ‖ tag, or `None` if it does not open with this key.
+    fn open_bytes(&self, bytes: &[u8], aad: &[u8]) -> Option<String> {
         if bytes.len() < 12 + 16 {
-            return Err(wrong());
+            return None;
         }
         let (nonce, ciphertext) = bytes.split_at(12);
-        let nonce: [u8; 12] = nonce.try_into().map_err(|_| wrong())?;
-        let aad = Self::aad(tenant, id);
+        let nonce: [u8; 12] = nonce.try_into().ok()?;
         let plain = self
             .cipher
             .decrypt(
                 &Nonce::from(nonce),
                 Payload {
                     msg: ciphertext,
-                    aad: &aad,
+                    aad,
                 },
             )
-            .map_err(|_| wrong())?;
-        let text = String::from_utf8(plain).map_err(|_| wrong())?;
-        Secret::new(text)
+            .ok()?;
+        String::from_utf8(plain).ok()
+    }
+}
+
+impl SecretsKey {
+    fn seal_text(
+        &self,
+        what: Sealed,
+        tenant: &TenantId,
+        id: &DestinationId,
+        plain: &str,
+    ) -> Result<String> {
+        let bytes = self
+            .current
+            .seal_bytes(plain.as_bytes(), &aad(what, tenant, id))?;
+        Ok(format!(
+            "{SEALED_PREFIX}{}:{}",
+            self.current.id,
+            BASE64_URL.encode(bytes)
+        ))
+    }
+
+    /// Opens a value that starts with `enc:`.
+    fn open_text(
+        &self,
+        what: Sealed,
+        tenant: &TenantId,
+        id: &DestinationId,
+        stored: &str,
+    ) -> Result<String> {
+        let aad = aad(what, tenant, id);
+        let damaged = || {
+            backend(format!(
+                "the {} of destination {id} is not a sealed value this version reads (a damaged row)",
+                what.what()
+            ))
+        };
+        if let Some(body) = stored.strip_prefix(SEALED_PREFIX) {
+            let (key_id, body) = body.split_once(':').ok_or_else(damaged)?;
+            let key = std::iter::once(&self.current)
+                .chain(self.previous.as_ref())
+                .find(|k| k.id == key_id)
+                .ok_or_else(|| {
+                    backend(format!(
+                        "the {} of destination {id} is sealed under key {key_id}, which is neither SHEAF_SECRETS_KEY (key {}) nor SHEAF_SECRETS_KEY_PREVIOUS ({})",
+                        what.what(),
+                        self.current.id,
+                        self.previous_id().map_or("unset".to_owned(), |p| format!("key {p}")),
+                    ))
+                })?;
+            let bytes = BASE64_URL.decode(body).map_err(|_| damaged())?;
+            return key.open_bytes(&bytes, &aad).ok_or_else(|| {
+                backend(format!(
+                    "the {} of destination {id} does not decrypt with key {key_id} (a damaged row, or one moved from another destination)",
+                    what.what()
+                ))
+            });
+        }
+        if let Some(body) = stored.strip_prefix(SEALED_PREFIX_V1) {
+            let bytes = BASE64.decode(body).map_err(|_| damaged())?;
+            return std::iter::once(&self.current)
+                .chain(self.previous.as_ref())
+                .find_map(|key| key.open_bytes(&bytes, &aad))
+                .ok_or_else(|| {
+                    backend(format!(
+                        "the {} of destination {id} does not decrypt with SHEAF_SECRETS_KEY or SHEAF_SECRETS_KEY_PREVIOUS (another key, or a damaged row)",
+                        what.what()
+                    ))
+                });
+        }
+        Err(damaged())
+    }
+
+    /// Encrypts `secret` for the destination `(tenant, id)` with the current key.
+    pub fn seal(&self, tenant: &TenantId, id: &DestinationId, secret: &Secret) -> Result<Secret> {
+        Secret::new(self.seal_text(Sealed::Secret, tenant, id, secret.expose())?)
+    }
+
+    /// Decrypts a sealed secret (`enc:v1:…` or `enc:v2:…`) of the destination `(tenant, id)`.
+    pub fn open(&self, tenant: &TenantId, id: &DestinationId, sealed: &str) -> Result<Secret> {
+        Secret::new(self.open_text(Sealed::Secret, tenant, id, sealed)?)
+    }
+
+    /// Which key `stored` is under, from its prefix alone (nothing is decrypted).
+    pub fn sealed_under(&self, stored: &str) -> SealedUnder {
+        match stored.strip_prefix(SEALED_PREFIX) {
+            Some(body)
+                if body
+                    .split_once(':')
+                    .is_some_and(|(k, _)| k == self.current.id) =>
+            {
+                SealedUnder::Current
+            }
+            Some(_) => SealedUnder::Other,
+            None if stored.starts_with(SEALED) => SealedUnder::Other,
+            None => SealedUnder::Nothing,
+        }
     }
 }
 
@@ -105,8 +239,9 @@ fn backend(message: impl Into<String>) -> Error {
     }
 }
 
-/// An `EntityStore` that seals secrets on the way in and opens them on the way out. Without a
-/// key it passes plaintext through, and refuses to hand out sealed values it cannot open.
+/// An `EntityStore` that seals credentials on the way in and opens them on the way out.
+/// Without a key it passes plaintext through, and refuses to hand out sealed values it cannot
+/// open.
 #[derive(Debug)]
 pub struct SealedEntityStore {
     inner: Arc<dyn EntityStore>,
@@ -114,7 +249,7 @@ pub struct SealedEntityStore {
 }
 
 impl SealedEntityStore {
-    /// Wraps `inner`; `key` is `SHEAF_SECRETS_KEY`, if set.
+    /// Wraps `inner`; `key` is `SHEAF_SECRETS_KEY` (with `SHEAF_SECRETS_KEY_PREVIOUS`), if set.
     pub fn new(inner: Arc<dyn EntityStore>, key: Option<SecretsKey>) -> Self {
         Self { inner, key }
     }
@@ -124,23 +259,79 @@ impl SealedEntityStore {
         &self.inner
     }
 
-    fn seal(&self, tenant: &TenantId, id: &DestinationId, secret: &Secret) -> Result<Secret> {
+    /// The keys it seals and opens with.
+    pub(crate) fn key(&self) -> Option<&SecretsKey> {
+        self.key.as_ref()
+    }
+
+    fn seal_text(
+        &self,
+        what: Sealed,
+        tenant: &TenantId,
+        id: &DestinationId,
+        plain: &str,
+    ) -> Result<String> {
         match &self.key {
-            Some(key) => key.seal(tenant, id, secret),
-            None => Ok(secret.clone()),
+            Some(key) => key.seal_text(what, tenant, id, plain),
+            None => Ok(plain.to_owned()),
         }
     }
 
-    fn open(&self, tenant: &TenantId, id: &DestinationId, stored: &Secret) -> Result<Secret> {
-        let Some(sealed) = stored.expose().strip_prefix(SEALED_PREFIX) else {
+    fn open_text(
+        &self,
+        what: Sealed,
+        tenant: &TenantId,
+        id: &DestinationId,
+        stored: &str,
+    ) -> Result<String> {
+        if !stored.starts_with(SEALED) {
             // Written before a key was configured: plaintext.
-            return Ok(stored.clone());
-        };
+            return Ok(stored.to_owned());
+        }
         match &self.key {
-            Some(key) => key.open(tenant, id, sealed),
+            Some(key) => key.open_text(what, tenant, id, stored),
             None => Err(backend(format!(
-                "the signing secret of destination {id} is encrypted but SHEAF_SECRETS_KEY is not set"
+                "the {} of destination {id} is encrypted but SHEAF_SECRETS_KEY is not set",
+                what.what()
             ))),
+        }
+    }
+
+    fn seal(&self, tenant: &TenantId, id: &DestinationId, secret: &Secret) -> Result<Secret> {
+        Secret::new(self.seal_text(Sealed::Secret, tenant, id, secret.expose())?)
+    }
+
+    fn open(&self, tenant: &TenantId, id: &DestinationId, stored: &Secret) -> Result<Secret> {
+        Secret::new(self.open_text(Sealed::Secret, tenant, id, stored.expose())?)
+    }
+
+    fn seal_config(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+        config: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        match url_password::password(config) {
+            Some(password) if self.key.is_some() => {
+                let sealed = self.seal_text(Sealed::UrlPassword, tenant, id, password)?;
+                Ok(url_password::with_password(config, &sealed))
+            }
+            _ => Ok(config.clone()),
+        }
+    }
+
+    fn open_config(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+        config: serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        match url_password::password(&config) {
+            Some(stored) if stored.starts_with(SEALED) => {
+                let plain = self.open_text(Sealed::UrlPassword, tenant, id, stored)?;
+                Ok(url_password::with_password(&config, &plain))
+            }
+            _ => Ok(config),
         }
     }
 
@@ -153,6 +344,7 @@ impl SealedEntityStore {
                 expires_at: previous.expires_at,
             });
         }
+        sealed.config = self.seal_config(&d.tenant_id, &d.id, &d.config)?;
         Ok(sealed)
     }
 
@@ -164,7 +356,36 @@ impl SealedEntityStore {
                 expires_at: previous.expires_at,
             });
         }
+        d.config = self.open_config(&d.tenant_id, &d.id, std::mem::take(&mut d.config))?;
         Ok(d)
+    }
+
+    /// Whether every credential `stored` holds (as the backend holds it) is under the current
+    /// key; `None` without a key.
+    pub(crate) fn fully_sealed(&self, stored: &Destination) -> Option<bool> {
+        let key = self.key.as_ref()?;
+        let under_current = |value: &str| key.sealed_under(value) == SealedUnder::Current;
+        Some(
+            under_current(stored.secret.expose())
+                && stored
+                    .previous_secret
+                    .as_ref()
+                    .is_none_or(|p| under_current(p.secret.expose()))
+                && url_password::password(&stored.config).is_none_or(under_current),
+        )
+    }
+
+    /// The swap that re-seals `stored` (as the backend holds it) under the current key: each
+    /// value opened with whichever key it is under and sealed again.
+    pub(crate) fn reseal_swap(&self, stored: &Destination) -> Result<CredentialsSwap> {
+        let opened = self.open_destination(stored.clone())?;
+        let resealed = self.seal_destination(&opened)?;
+        Ok(CredentialsSwap {
+            tenant_id: stored.tenant_id.clone(),
+            destination_id: stored.id,
+            expected: StoredCredentials::of(stored),
+            replacement: StoredCredentials::of(&resealed),
+        })
     }
 }
 
@@ -219,6 +440,17 @@ impl EntityStore for SealedEntityStore {
         id: &DestinationId,
         patch: &DestinationPatch,
     ) -> Result<Destination> {
+        let sealed;
+        let patch = match &patch.config {
+            Some(config) => {
+                sealed = DestinationPatch {
+                    config: Some(self.seal_config(tenant, id, config)?),
+                    ..patch.clone()
+                };
+                &sealed
+            }
+            None => patch,
+        };
         let updated = self.inner.update_destination(tenant, id, patch).await?;
         self.open_destination(updated)
     }
@@ -262,6 +494,22 @@ impl EntityStore for SealedEntityStore {
         self.inner.delete_destination(tenant, id).await
     }
 
+    async fn scan_destinations(
+        &self,
+        after: Option<DestinationId>,
+        limit: usize,
+    ) -> Result<Vec<Destination>> {
+        self.inner
+            .scan_destinations(after, limit)
+            .await?
+            .into_iter()
+            .map(|d| self.open_destination(d))
+            .collect()
+    }
+
+    // `swap_credentials` keeps the default, which refuses: swaps are of stored forms, which
+    // this wrapper never hands out; re-sealing goes through `SealedEntityStore::reseal`.
+
     async fn ping(&self) -> Result<()> {
         self.inner.ping().await
     }
@@ -270,9 +518,36 @@ impl EntityStore for SealedEntityStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sheaf_memory::MemoryEntityStore;
+    use sheaf_store::{DestinationKind, Topics};
+
+    const A: [u8; 32] = [7u8; 32];
+    const B: [u8; 32] = [8u8; 32];
+
+    fn key_of(bytes: [u8; 32]) -> SecretsKey {
+        SecretsKey::from_base64(&BASE64.encode(bytes)).unwrap()
+    }
 
     fn key() -> SecretsKey {
-        SecretsKey::from_base64(&BASE64.encode([7u8; 32])).unwrap()
+        key_of(A)
+    }
+
+    /// B seals, A only opens: the second step of a rotation from A to B.
+    fn rotated() -> SecretsKey {
+        key_of(B).with_previous(&BASE64.encode(A)).unwrap()
+    }
+
+    fn secret() -> Secret {
+        Secret::new("whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=").unwrap()
+    }
+
+    /// A value in the format written before key ids, as the previous version sealed it.
+    fn sealed_v1(key: &SecretsKey, tenant: &TenantId, id: &DestinationId, plain: &str) -> String {
+        let bytes = key
+            .current
+            .seal_bytes(plain.as_bytes(), &aad(Sealed::Secret, tenant, id))
+            .unwrap();
+        format!("{SEALED_PREFIX_V1}{}", BASE64.encode(bytes))
     }
 
     #[test]
@@ -284,34 +559,237 @@ mod tests {
                 .contains("16 bytes")
         );
         assert!(format!("{:?}", key()).contains("redacted"));
+        assert!(format!("{:?}", rotated()).contains("redacted"));
+    }
+
+    #[test]
+    fn a_key_id_is_eight_hex_digits_of_the_key_and_the_previous_key_must_differ() {
+        assert_eq!(key().id().len(), 8);
+        assert!(key().id().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(key().id(), key_of(A).id(), "the id follows from the key");
+        assert_ne!(key().id(), key_of(B).id());
+        assert_eq!(rotated().id(), key_of(B).id());
+        assert_eq!(rotated().previous_id(), Some(key().id()));
+        let same = key().with_previous(&BASE64.encode(A)).unwrap_err();
+        assert!(same.contains("same key as SHEAF_SECRETS_KEY"), "{same}");
+        assert!(
+            key()
+                .with_previous("c2hvcnQ=")
+                .unwrap_err()
+                .contains("bytes")
+        );
     }
 
     #[test]
     fn sealed_secrets_open_only_for_their_destination_and_key() {
         let tenant = TenantId::new("acme").unwrap();
         let id = DestinationId::generate();
-        let secret = Secret::new("whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=").unwrap();
-        let a = key().seal(&tenant, &id, &secret).unwrap();
-        let b = key().seal(&tenant, &id, &secret).unwrap();
+        let a = key().seal(&tenant, &id, &secret()).unwrap();
+        let b = key().seal(&tenant, &id, &secret()).unwrap();
         assert_ne!(a, b, "a fresh nonce each time");
-        assert!(a.expose().starts_with(SEALED_PREFIX));
+        let prefix = format!("{SEALED_PREFIX}{}:", key().id());
+        assert!(a.expose().starts_with(&prefix), "{}", a.expose());
         assert!(!a.expose().contains("c2VjcmV0"));
-        let body = a.expose().strip_prefix(SEALED_PREFIX).unwrap();
-        assert_eq!(key().open(&tenant, &id, body).unwrap(), secret);
-        // Another destination, another tenant, another key: refused.
+        assert_eq!(key().open(&tenant, &id, a.expose()).unwrap(), secret());
+        // Another destination, another tenant: refused.
         assert!(
             key()
-                .open(&tenant, &DestinationId::generate(), body)
+                .open(&tenant, &DestinationId::generate(), a.expose())
                 .is_err()
         );
         assert!(
             key()
-                .open(&TenantId::new("other").unwrap(), &id, body)
+                .open(&TenantId::new("other").unwrap(), &id, a.expose())
                 .is_err()
         );
-        let other = SecretsKey::from_base64(&BASE64.encode([8u8; 32])).unwrap();
-        let err = other.open(&tenant, &id, body).unwrap_err();
-        assert!(err.to_string().contains("SHEAF_SECRETS_KEY"), "{err}");
-        assert!(key().open(&tenant, &id, "AAAA").is_err());
+        // Another key: refused, naming both key ids and the settings.
+        let err = key_of(B).open(&tenant, &id, a.expose()).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains(key().id()), "{message}");
+        assert!(message.contains(key_of(B).id()), "{message}");
+        assert!(
+            message.contains("SHEAF_SECRETS_KEY_PREVIOUS (unset)"),
+            "{message}"
+        );
+        // Damaged: no key id, bad base64, too short, a forged key id.
+        for damaged in [
+            "enc:v2:AAAA".to_owned(),
+            format!("{prefix}!!!"),
+            format!("{prefix}AAAA"),
+            "enc:v9:whatever".to_owned(),
+        ] {
+            assert!(key().open(&tenant, &id, &damaged).is_err(), "{damaged}");
+        }
+        let relabelled = a.expose().replace(key().id(), key_of(B).id());
+        let err = key_of(B).open(&tenant, &id, &relabelled).unwrap_err();
+        assert!(err.to_string().contains("does not decrypt"), "{err}");
+    }
+
+    #[test]
+    fn the_previous_key_opens_and_never_seals() {
+        let tenant = TenantId::new("acme").unwrap();
+        let id = DestinationId::generate();
+        let under_a = key().seal(&tenant, &id, &secret()).unwrap();
+        let v1_under_a = sealed_v1(&key(), &tenant, &id, secret().expose());
+        let v1_under_b = sealed_v1(&key_of(B), &tenant, &id, secret().expose());
+        let keys = rotated();
+        for value in [under_a.expose(), &v1_under_a, &v1_under_b] {
+            assert_eq!(keys.open(&tenant, &id, value).unwrap(), secret(), "{value}");
+        }
+        // Writes go under the current key only.
+        let under_b = keys.seal(&tenant, &id, &secret()).unwrap();
+        assert!(
+            under_b
+                .expose()
+                .starts_with(&format!("{SEALED_PREFIX}{}:", key_of(B).id()))
+        );
+        assert_eq!(keys.sealed_under(under_b.expose()), SealedUnder::Current);
+        assert_eq!(keys.sealed_under(under_a.expose()), SealedUnder::Other);
+        assert_eq!(keys.sealed_under(&v1_under_b), SealedUnder::Other);
+        assert_eq!(keys.sealed_under(secret().expose()), SealedUnder::Nothing);
+        // Once the previous key is dropped, what it sealed no longer opens; a v1 value names
+        // both settings.
+        assert!(key_of(B).open(&tenant, &id, under_a.expose()).is_err());
+        let err = key_of(B).open(&tenant, &id, &v1_under_a).unwrap_err();
+        assert!(
+            err.to_string().contains("SHEAF_SECRETS_KEY_PREVIOUS"),
+            "{err}"
+        );
+        // The v1 format is the previous version's: a v1 value under A opens with A alone.
+        assert_eq!(key().open(&tenant, &id, &v1_under_a).unwrap(), secret());
+    }
+
+    fn broker_destination(tenant: &TenantId, url: &str) -> Destination {
+        let now = Timestamp::now();
+        Destination {
+            id: DestinationId::generate(),
+            tenant_id: tenant.clone(),
+            kind: DestinationKind::new("rabbitmq").unwrap(),
+            config: serde_json::json!({ "url": url, "exchange": "events" }),
+            topics: Topics::All,
+            filter: None,
+            rate_limit: None,
+            headers: Default::default(),
+            enabled: true,
+            disabled_reason: None,
+            consecutive_failures: 0,
+            secret: secret(),
+            previous_secret: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_url_password_is_sealed_in_the_store_and_opened_for_the_engine() {
+        let raw: Arc<dyn EntityStore> = Arc::new(MemoryEntityStore::new());
+        let store = SealedEntityStore::new(Arc::clone(&raw), Some(key()));
+        let tenant = TenantId::new("acme").unwrap();
+        store
+            .upsert_tenant(&tenant, &Default::default())
+            .await
+            .unwrap();
+        let url = "amqp://guest:pa%40ss-w0rd@127.0.0.1:5672/%2f";
+        let d = broker_destination(&tenant, url);
+        store.create_destination(&d).await.unwrap();
+        let stored = raw.get_destination(&tenant, &d.id).await.unwrap().unwrap();
+        let stored_url = stored.config["url"].as_str().unwrap();
+        println!("stored: {stored_url}");
+        assert!(!stored_url.contains("pa%40ss"), "{stored_url}");
+        assert!(stored_url.starts_with(&format!("amqp://guest:{SEALED_PREFIX}{}:", key().id())));
+        assert!(stored_url.ends_with("@127.0.0.1:5672/%2f"), "{stored_url}");
+        assert_eq!(stored.config["exchange"], "events");
+        assert_eq!(store.fully_sealed(&stored), Some(true));
+        let read = store
+            .get_destination(&tenant, &d.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.config, d.config);
+
+        // A patch's config is sealed too.
+        let patch = DestinationPatch {
+            config: Some(serde_json::json!({ "url": "amqp://guest:n3w@127.0.0.1:5672/%2f" })),
+            ..Default::default()
+        };
+        let updated = store
+            .update_destination(&tenant, &d.id, &patch)
+            .await
+            .unwrap();
+        assert_eq!(updated.config, patch.config.clone().unwrap());
+        let stored = raw.get_destination(&tenant, &d.id).await.unwrap().unwrap();
+        assert!(!stored.config["url"].as_str().unwrap().contains("n3w"));
+
+        // The same sealed password copied into another destination's row does not open there.
+        let other = broker_destination(&tenant, "amqp://guest:x@127.0.0.1:5672/%2f");
+        let mut moved = other.clone();
+        moved.config = stored.config.clone();
+        raw.create_destination(&moved).await.unwrap();
+        assert!(store.get_destination(&tenant, &other.id).await.is_err());
+
+        // Written before a key (plaintext) still reads; without a key a sealed one is refused
+        // by name.
+        let legacy = broker_destination(&tenant, "nats://u:plain@127.0.0.1:4222");
+        raw.create_destination(&legacy).await.unwrap();
+        let read = store
+            .get_destination(&tenant, &legacy.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.config, legacy.config);
+        assert_eq!(store.fully_sealed(&legacy), Some(false));
+        let keyless = SealedEntityStore::new(Arc::clone(&raw), None);
+        let err = keyless.get_destination(&tenant, &d.id).await.unwrap_err();
+        assert!(
+            err.to_string().contains("SHEAF_SECRETS_KEY is not set"),
+            "{err}"
+        );
+        let mut half_sealed = broker_destination(&tenant, "amqp://x@h");
+        half_sealed.config = stored.config.clone();
+        raw.create_destination(&half_sealed).await.unwrap();
+        let err = keyless
+            .get_destination(&tenant, &half_sealed.id)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("config.url password"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_reseal_swap_moves_every_credential_to_the_current_key() {
+        let raw: Arc<dyn EntityStore> = Arc::new(MemoryEntityStore::new());
+        let tenant = TenantId::new("acme").unwrap();
+        raw.upsert_tenant(&tenant, &Default::default())
+            .await
+            .unwrap();
+        let old = SealedEntityStore::new(Arc::clone(&raw), Some(key()));
+        let d = broker_destination(&tenant, "amqp://guest:s3cret@127.0.0.1:5672/%2f");
+        old.create_destination(&d).await.unwrap();
+        old.rotate_secret(
+            &tenant,
+            &d.id,
+            &Secret::new("whsec_bmV3").unwrap(),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+        let stored = raw.get_destination(&tenant, &d.id).await.unwrap().unwrap();
+
+        let new = SealedEntityStore::new(Arc::clone(&raw), Some(rotated()));
+        assert_eq!(new.fully_sealed(&stored), Some(false));
+        let swap = new.reseal_swap(&stored).unwrap();
+        assert_eq!(swap.expected, StoredCredentials::of(&stored));
+        let mut resealed = stored.clone();
+        resealed.secret = swap.replacement.secret.clone();
+        resealed.previous_secret = stored.previous_secret.as_ref().map(|p| PreviousSecret {
+            secret: swap.replacement.previous_secret.clone().unwrap(),
+            expires_at: p.expires_at,
+        });
+        resealed.config = swap.replacement.config.clone();
+        assert_eq!(new.fully_sealed(&resealed), Some(true));
+        // The same plaintext, now opening with B alone.
+        let b_only = SealedEntityStore::new(Arc::clone(&raw), Some(key_of(B)));
+        let opened = b_only.open_destination(resealed).unwrap();
+        assert_eq!(opened, new.open_destination(stored).unwrap());
+        assert_eq!(opened.config, d.config);
     }
 }
