@@ -18,6 +18,7 @@ use sheaf_testenv::receiver::{Failing, Receiver};
 
 use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
 
+mod rotation;
 mod tls;
 mod walk;
 
@@ -211,7 +212,7 @@ async fn secrets_are_sealed_in_the_memory_store_and_plaintext_rows_still_read() 
     let stored = raw.get_destination(&tenant, &id).await.unwrap().unwrap();
     let previous = stored.previous_secret.as_ref().unwrap();
     for value in [stored.secret.expose(), previous.secret.expose()] {
-        assert!(value.starts_with("enc:v1:"), "{value}");
+        assert!(value.starts_with("enc:v2:"), "{value}");
         for secret in &secrets {
             for form in forms(secret) {
                 assert!(
@@ -293,8 +294,8 @@ async fn postgres_rows_hold_no_plaintext_secret_and_a_wrong_key_is_named() {
     .await
     .unwrap();
     println!("raw destination row: {whole_row}");
-    assert!(row.0.starts_with("enc:v1:"), "{}", row.0);
-    assert!(row.1.as_deref().unwrap().starts_with("enc:v1:"));
+    assert!(row.0.starts_with("enc:v2:"), "{}", row.0);
+    assert!(row.1.as_deref().unwrap().starts_with("enc:v2:"));
     for secret in &secrets {
         for form in forms(secret) {
             assert!(
