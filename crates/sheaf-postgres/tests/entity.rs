@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use sheaf_store::testkit::fixtures::{destination, unique_tenant};
 use sheaf_store::{
-    CredentialsSwap, DeliveryHealth, Destination, DestinationId, EntityStore, HealthChange,
-    Secret, StoredCredentials, TenantId, Timestamp,
+    CredentialsSwap, DeliveryHealth, Destination, DestinationId, EntityStore, HealthChange, Secret,
+    StoredCredentials, TenantId, Timestamp,
 };
 use sheaf_testenv::require_postgres;
 
@@ -280,5 +280,11 @@ async fn credentials_swap_only_where_they_are_still_the_expected_ones() {
     assert_eq!(now.secret.expose(), "rotated-meanwhile");
     let now = read(&*store, &foreign.tenant_id, &foreign.id).await;
     assert_eq!(now.secret, foreign.secret);
-    assert!(store.swap_credentials(&[]).await.expect("nothing").is_empty());
+    assert!(
+        store
+            .swap_credentials(&[])
+            .await
+            .expect("nothing")
+            .is_empty()
+    );
 }

@@ -184,7 +184,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     if plaintext_secrets_in_postgres {
         tracing::warn!(
-            "SHEAF_SECRETS_KEY is not set: destination signing secrets are stored in Postgres as they are; set it to encrypt them at rest"
+            "SHEAF_SECRETS_KEY is not set: destination signing secrets and config.url passwords are stored in Postgres as they are; set it to encrypt them at rest"
+        );
+    }
+    if let Some(key) = &config.secrets_key {
+        tracing::info!(
+            key_id = key.id(),
+            previous_key_id = key.previous_id(),
+            "destination credentials are sealed under key {}{}",
+            key.id(),
+            key.previous_id()
+                .map(|p| format!("; values under key {p} (SHEAF_SECRETS_KEY_PREVIOUS) still open: run `sheaf secrets reseal` once every process runs key {}", key.id()))
+                .unwrap_or_default()
         );
     }
     if nothing_delivers {

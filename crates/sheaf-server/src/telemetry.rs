@@ -126,7 +126,7 @@ pub fn otlp_http_client(ca_file: Option<&std::path::Path>) -> anyhow::Result<req
     let mut builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT);
     if let Some(path) = ca_file {
         let certificates = sheaf_tls::load_certificates(path)
-            .with_context(|| format!("SHEAF_TLS_CA_FILE for the OTLP exporter"))?;
+            .context("SHEAF_TLS_CA_FILE for the OTLP exporter")?;
         for certificate in certificates {
             builder = builder.add_root_certificate(
                 reqwest::Certificate::from_der(&certificate).with_context(|| {

@@ -11,6 +11,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use sha2::{Digest as _, Sha256};
 
+use super::ConfigError;
+use super::table as s;
+use super::values::Values;
+
 /// The admin key (`SHEAF_API_KEY`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct AdminKey(String);
@@ -150,6 +154,31 @@ impl SecretsKey {
     /// The id of the decrypt-only key, if there is one.
     pub fn previous_id(&self) -> Option<&str> {
         self.previous.as_ref().map(|k| k.id.as_str())
+    }
+}
+
+/// `SHEAF_SECRETS_KEY`, with `SHEAF_SECRETS_KEY_PREVIOUS` added to it. The previous key needs
+/// the current one: a key that only opens is of use only beside one that seals.
+pub(super) fn parse_secrets_key(values: &Values) -> Result<Option<SecretsKey>, ConfigError> {
+    let current = values
+        .optional(&s::SECRETS_KEY)
+        .map(|k| SecretsKey::from_base64(&k))
+        .transpose()
+        .map_err(|m| ConfigError::new(s::SECRETS_KEY.name, m))?;
+    let name = s::SECRETS_KEY_PREVIOUS.name;
+    match (values.optional(&s::SECRETS_KEY_PREVIOUS), current) {
+        (None, current) => Ok(current),
+        (Some(_), None) => Err(ConfigError::new(
+            name,
+            format!(
+                "needs {}: the previous key only opens values, and the current one seals them",
+                s::SECRETS_KEY.name
+            ),
+        )),
+        (Some(raw), Some(current)) => current
+            .with_previous(&raw)
+            .map(Some)
+            .map_err(|m| ConfigError::new(name, m)),
     }
 }
 

@@ -246,12 +246,7 @@ impl Config {
             .transpose()
             .map_err(|m| ConfigError::new(s::TOKEN_SIGNING_KEY.name, m))?;
         check_admin_access(listen, api_key.as_ref(), token_signing_key.is_some())?;
-        let secrets_key = values
-            .optional(&s::SECRETS_KEY)
-            .map(|k| SecretsKey::from_base64(&k))
-            .transpose()
-            .map_err(|m| ConfigError::new(s::SECRETS_KEY.name, m))?;
-        let secrets_key = parse_previous_secrets_key(&values, secrets_key)?;
+        let secrets_key = keys::parse_secrets_key(&values)?;
         let stores = parse_stores(&values)?;
         let delivery_timeout = values.duration(&s::DELIVERY_TIMEOUT)?;
         let queue_lease = values.duration(&s::QUEUE_LEASE)?;
@@ -569,29 +564,6 @@ fn redact_userinfo(raw: &str) -> String {
     match (raw.split_once("://"), raw.rsplit_once('@')) {
         (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
         _ => raw.to_owned(),
-    }
-}
-
-/// `SHEAF_SECRETS_KEY_PREVIOUS`: added to `SHEAF_SECRETS_KEY`, which it needs (a key that only
-/// opens is of use only beside one that seals).
-fn parse_previous_secrets_key(
-    values: &Values,
-    current: Option<SecretsKey>,
-) -> Result<Option<SecretsKey>, ConfigError> {
-    let name = s::SECRETS_KEY_PREVIOUS.name;
-    match (values.optional(&s::SECRETS_KEY_PREVIOUS), current) {
-        (None, current) => Ok(current),
-        (Some(_), None) => Err(ConfigError::new(
-            name,
-            format!(
-                "needs {}: the previous key only opens values, and the current one seals them",
-                s::SECRETS_KEY.name
-            ),
-        )),
-        (Some(raw), Some(current)) => current
-            .with_previous(&raw)
-            .map(Some)
-            .map_err(|m| ConfigError::new(name, m)),
     }
 }
 
