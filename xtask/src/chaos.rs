@@ -36,6 +36,7 @@ pub const SCENARIOS: &[&str] = &[
     "shutdown",
     "cdc",
     "broker",
+    "secrets",
 ];
 
 /// The fault suite's own Postgres cluster (version [`postgres::VERSION`]).

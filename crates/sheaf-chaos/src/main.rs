@@ -20,7 +20,10 @@
 //!   transaction and started again; no change is lost or published as two events;
 //! - `broker`: the RabbitMQ and NATS brokers of a rabbitmq and a nats destination (the
 //!   scenario's own processes) are stopped and started again under load; the process retries
-//!   through the outage by itself and every event reaches both brokers.
+//!   through the outage by itself and every event reaches both brokers;
+//! - `secrets`: `SHEAF_SECRETS_KEY` rotated under load: both processes rolled onto a new key
+//!   with the old one decrypt-only, `sheaf secrets reseal` run while they deliver, then rolled
+//!   onto the new key alone; nothing fails and no row is left under the old key.
 //!
 //! The numbers each prints (published, delivered, duplicates, recovery time and the
 //! scenario's own observations) are the ones `docs/operations.md` describes.

@@ -7,6 +7,7 @@ mod cdc;
 mod clickhouse;
 mod kill;
 mod postgres;
+mod secrets;
 mod shutdown;
 
 use std::collections::HashSet;
@@ -27,6 +28,7 @@ pub const NAMES: &[&str] = &[
     "shutdown",
     "cdc",
     "broker",
+    "secrets",
 ];
 
 /// The `'static` spelling of a scenario name.
@@ -43,6 +45,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "shutdown" => Box::pin(shutdown::run(ctx)).await,
         "cdc" => Box::pin(cdc::run(ctx)).await,
         "broker" => Box::pin(broker::run(ctx)).await,
+        "secrets" => Box::pin(secrets::run(ctx)).await,
         other => anyhow::bail!("unknown scenario {other}"),
     }
 }
