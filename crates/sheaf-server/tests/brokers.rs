@@ -130,6 +130,11 @@ impl NatsTarget {
         let client = async_nats::connect(url)
             .await
             .expect("the test connects to NATS");
+        Self::create_on(client).await
+    }
+
+    /// [`NatsTarget::create`] through a client the caller connected (with a login, say).
+    async fn create_on(client: async_nats::Client) -> Self {
         let jetstream = async_nats::jetstream::new(client);
         let stream = sheaf_testenv::unique_name("SHEAF");
         let subject = format!("sheaf.{}", sheaf_testenv::unique_name("s"));
@@ -524,4 +529,85 @@ async fn a_broker_password_is_sealed_at_rest_redacted_in_the_api_and_still_deliv
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// The same for NATS, on a server of the test's own that requires a login: the memory entity
+/// store holds the password sealed, the API shows `***`, and JetStream gets every event before
+/// and after an update that sends the redacted URL back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_password_is_sealed_in_the_store_and_still_delivers() {
+    let test = "a_nats_password_is_sealed_in_the_store_and_still_delivers";
+    if let Err(missing) = sheaf_testenv::brokers::nats_server_binary() {
+        assert!(
+            !sheaf_testenv::in_ci(),
+            "{test}: under CI nats-server must be installed: {missing:#}"
+        );
+        println!("skipping {test}: {missing:#}");
+        return;
+    }
+    let password = "n4ts-pa55word";
+    let server = tokio::task::spawn_blocking(move || {
+        sheaf_testenv::brokers::NatsServer::start_with_login("sheaf", password)
+    })
+    .await
+    .unwrap()
+    .expect("a NATS server with a login starts");
+    let url = server.url_with_login();
+    let stores = sheaf_server::Stores::memory();
+    let raw = stores.entities.clone();
+    let key = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode([0x6au8; 32])
+    };
+    let config = sheaf_server::Config::load(crate::support::env_with(&[(
+        "SHEAF_SECRETS_KEY",
+        key.as_str(),
+    )]))
+    .unwrap();
+    let sheaf = sheaf_server::start_with(config, stores).await.unwrap();
+    let client = Client::new(sheaf.addr);
+    let put = client.send("PUT", "/api/v1/tenants/natspw", None).await;
+    assert_eq!(put.status, 201, "{put:?}");
+    let admin = async_nats::ConnectOptions::new()
+        .user_and_password("sheaf".to_owned(), password.to_owned())
+        .connect(server.url())
+        .await
+        .expect("the test logs in to NATS");
+    let stream = NatsTarget::create_on(admin).await;
+    let created = create(
+        &client,
+        "natspw",
+        json!({ "type": "nats", "topics": ["*"],
+                "config": { "url": url, "subject": stream.subject } }),
+    )
+    .await;
+    let shown = created["config"]["url"].as_str().unwrap().to_owned();
+    assert_eq!(shown, url.replace(password, "***"));
+    let id: sheaf_store::DestinationId = created["id"].as_str().unwrap().parse().unwrap();
+    let tenant = sheaf_store::TenantId::new("natspw").unwrap();
+    let stored = raw.get_destination(&tenant, &id).await.unwrap().unwrap();
+    let stored_url = stored.config["url"].as_str().unwrap();
+    println!("the store holds {stored_url}");
+    assert!(stored_url.starts_with("nats://sheaf:enc:v2:"), "{stored_url}");
+    assert!(!stored_url.contains(password), "{stored_url}");
+
+    crate::controls::publish(&client, "natspw", "nats-pw-1", "t", &json!({})).await;
+    let patched = client
+        .send(
+            "PATCH",
+            &format!("/api/v1/tenants/natspw/destinations/{id}"),
+            Some(json!({ "config": { "url": shown, "subject": stream.subject } })),
+        )
+        .await;
+    assert_eq!(patched.status, 200, "{patched:?}");
+    crate::controls::publish(&client, "natspw", "nats-pw-2", "t", &json!({})).await;
+    let got = stream.drain(2, Duration::from_secs(30)).await;
+    exactly_once(
+        "memory",
+        "JetStream with a login",
+        &got,
+        &["nats-pw-1".to_owned(), "nats-pw-2".to_owned()],
+    );
+    sheaf.shutdown().await;
+    drop(server);
 }

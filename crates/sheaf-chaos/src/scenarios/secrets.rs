@@ -37,7 +37,7 @@ const OTHER_TENANTS: usize = 10;
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let mut report = Report::new("secrets");
     let (events, rate, others) = if ctx.quick {
-        (600, 100.0, 200)
+        (1_000, 100.0, 200)
     } else {
         (3_000, 100.0, 1_000)
     };
