@@ -588,7 +588,10 @@ async fn a_nats_password_is_sealed_in_the_store_and_still_delivers() {
     let stored = raw.get_destination(&tenant, &id).await.unwrap().unwrap();
     let stored_url = stored.config["url"].as_str().unwrap();
     println!("the store holds {stored_url}");
-    assert!(stored_url.starts_with("nats://sheaf:enc:v2:"), "{stored_url}");
+    assert!(
+        stored_url.starts_with("nats://sheaf:enc:v2:"),
+        "{stored_url}"
+    );
     assert!(!stored_url.contains(password), "{stored_url}");
 
     crate::controls::publish(&client, "natspw", "nats-pw-1", "t", &json!({})).await;

@@ -195,6 +195,26 @@ async fn the_secrets_key_rotates_under_deliveries_and_nothing_is_left_under_the_
     let last = ["after-a".to_owned()];
     assert!(receiver.delivers_all(&last, Duration::from_secs(20)).await);
     on_b_only.shutdown().await;
+
+    // A value under a key neither setting holds: the pass re-seals nothing of it, names the key
+    // and fails, so it is never mistaken for done.
+    sqlx::query(&format!(
+        "UPDATE {schema}.destinations SET secret = 'enc:v2:deadbeef:AAAA' WHERE id = $1::uuid"
+    ))
+    .bind(&destinations[1].1)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let stuck = reseal(&with(&[("SHEAF_SECRETS_KEY", &key_b)]), &[]).await;
+    println!("with a foreign key id: {}", said(&stuck));
+    assert!(!stuck.status.success());
+    assert!(
+        said(&stuck).contains("sealed under key deadbeef"),
+        "{}",
+        said(&stuck)
+    );
+    assert!(said(&stuck).contains("0 re-sealed"), "{}", said(&stuck));
+    assert!(said(&stuck).contains("1 remain"), "{}", said(&stuck));
     sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&pool)
         .await
