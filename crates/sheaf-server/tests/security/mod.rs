@@ -1,7 +1,8 @@
 //! Security: tenant tokens reach their own tenant only (every route walked from the route
 //! table), destination secrets are sealed in every store and never logged, the private-address
-//! guard holds at connect time (through the egress proxy too), redirects are not followed, and
-//! receivers behind a private CA are reached only when that CA is trusted.
+//! guard holds at connect time (through the egress proxy too), redirects are not followed,
+//! receivers and the OTLP collector behind a private CA are reached only when that CA is
+//! trusted, and `SHEAF_SECRETS_KEY` rotates under deliveries (`rotation`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! TLS on the delivery side, against real peers on loopback: an HTTPS receiver with a
-//! certificate of the test CA that `cargo xtask services up` made (`SHEAF_TEST_TLS_*`), and a
-//! small HTTP `CONNECT` proxy written here.
+//! certificate of the test CA that `cargo xtask services up` made (`SHEAF_TEST_TLS_*`), also
+//! standing in for an OTLP collector, and a small HTTP `CONNECT` proxy written here.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
