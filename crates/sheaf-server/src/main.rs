@@ -93,7 +93,7 @@ fn reseal_options(args: &[String]) -> anyhow::Result<ResealOptions> {
         );
     };
     if sub != "reseal" {
-        anyhow::bail!("unknown subcommand `sheaf secrets {sub}`; the one there is is `reseal`");
+        anyhow::bail!("unknown subcommand `sheaf secrets {sub}`; the only one is `reseal`");
     }
     let mut options = ResealOptions {
         batch: 500,
@@ -124,7 +124,7 @@ fn reseal_options(args: &[String]) -> anyhow::Result<ResealOptions> {
 async fn reseal_secrets(config: Config, options: ResealOptions) -> anyhow::Result<()> {
     let Some(report) = reseal_configured(&config, options).await? else {
         println!(
-            "the entity store is in this process's memory (neither SHEAF_QUEUE nor SHEAF_LOG_STORE is postgres): nothing is stored across processes, so there is nothing to re-seal; a server re-seals nothing either, and seals every write with SHEAF_SECRETS_KEY"
+            "the entity store is in this process's memory (neither SHEAF_QUEUE nor SHEAF_LOG_STORE is postgres): nothing is stored across processes, so there is nothing to re-seal (every write is sealed with SHEAF_SECRETS_KEY)"
         );
         return Ok(());
     };

@@ -122,7 +122,7 @@ pub fn init(config: &Config, runtime: tokio::runtime::Handle) -> anyhow::Result<
 
 /// The exporter's reqwest client: bounded by [`EXPORT_TIMEOUT`], trusting the certificates of
 /// `ca_file` (`SHEAF_TLS_CA_FILE`) besides the built-in roots, as the webhook client does.
-pub fn otlp_http_client(ca_file: Option<&std::path::Path>) -> anyhow::Result<reqwest::Client> {
+fn otlp_http_client(ca_file: Option<&std::path::Path>) -> anyhow::Result<reqwest::Client> {
     let mut builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT);
     if let Some(path) = ca_file {
         let certificates = sheaf_tls::load_certificates(path)
