@@ -39,6 +39,7 @@ pub const SCENARIOS: &[&str] = &[
     "outage",
     "disabled",
     "overload",
+    "secrets",
 ];
 
 /// The fault suite's own Postgres cluster (version [`postgres::VERSION`]).

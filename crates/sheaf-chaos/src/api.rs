@@ -114,6 +114,21 @@ impl Api {
             .context("the destination has no id")
     }
 
+    /// Rotates the signing secret of `tenant`'s destination `id`.
+    pub async fn rotate_secret(&self, base: &str, tenant: &str, id: &str) -> anyhow::Result<()> {
+        let (status, body) = self
+            .send(
+                reqwest::Method::POST,
+                format!("{base}/api/v1/tenants/{tenant}/destinations/{id}/rotate-secret"),
+                None,
+            )
+            .await?;
+        if status != 200 {
+            bail!("rotating the secret of destination {id} answered {status}: {body}");
+        }
+        Ok(())
+    }
+
     /// One publish; the status, or an error when no answer came.
     pub async fn publish(
         &self,

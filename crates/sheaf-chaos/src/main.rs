@@ -27,7 +27,10 @@
 //! - `disabled`: a destination is disabled automatically, 1,000 events are published while it
 //!   is, and enable + replay of its dead letters delivers every one;
 //! - `overload`: an open-loop generator offers twice the measured capacity for 60 s; accepted
-//!   events are all delivered, the rest refused with `503`, memory and latency bounded.
+//!   events are all delivered, the rest refused with `503`, memory and latency bounded;
+//! - `secrets`: `SHEAF_SECRETS_KEY` rotated under load: both processes rolled onto a new key
+//!   with the old one decrypt-only, `sheaf secrets reseal` run while they deliver, then rolled
+//!   onto the new key alone; nothing fails and no row is left under the old key.
 //!
 //! The numbers each prints (published, delivered, duplicates, recovery time and the
 //! scenario's own observations) are the ones `docs/operations.md` describes.

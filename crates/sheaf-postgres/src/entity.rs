@@ -7,9 +7,9 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use sheaf_store::{
-    DeliveryHealth, Destination, DestinationId, DestinationKind, DestinationPatch, DisabledReason,
-    EntityStore, Error, Filter, HealthChange, PreviousSecret, RateLimit, Result, Secret, Tenant,
-    TenantId, TenantUpsert, Timestamp, Topics, validate_health_reports,
+    CredentialsSwap, DeliveryHealth, Destination, DestinationId, DestinationKind, DestinationPatch,
+    DisabledReason, EntityStore, Error, Filter, HealthChange, PreviousSecret, RateLimit, Result,
+    Secret, Tenant, TenantId, TenantUpsert, Timestamp, Topics, validate_health_reports,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -39,6 +39,8 @@ struct Statements {
     record_delivery_health: String,
     rotate_secret: String,
     delete_destination: String,
+    scan_destinations: String,
+    swap_credentials: String,
 }
 
 impl Statements {
@@ -168,6 +170,32 @@ impl Statements {
             ),
             delete_destination: format!(
                 "DELETE FROM {s}.destinations WHERE tenant_id = $1 AND id = $2"
+            ),
+            // Keyset paging on the primary key: each page is one index range scan, however far
+            // the pass has come.
+            scan_destinations: format!(
+                "SELECT {DESTINATION_COLUMNS} FROM {s}.destinations
+                 WHERE $1::uuid IS NULL OR id > $1
+                 ORDER BY id LIMIT $2"
+            ),
+            // One compare-and-set per swap, all in one statement: a row changed since it was
+            // read (a rotation, a new config) keeps its new values and is not returned. Under
+            // READ COMMITTED the UPDATE re-checks its WHERE on the latest committed version of a
+            // row another transaction is changing, so the comparison is never against a stale
+            // one. `updated_at` stays: the credentials are the same, in another form.
+            swap_credentials: format!(
+                "UPDATE {s}.destinations d
+                 SET secret = u.new_secret, previous_secret = u.new_previous,
+                     config = u.new_config
+                 FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                             $6::text[], $7::jsonb[], $8::jsonb[])
+                     AS u(tenant_id, id, old_secret, new_secret, old_previous, new_previous,
+                          old_config, new_config)
+                 WHERE d.tenant_id = u.tenant_id AND d.id = u.id
+                   AND d.secret = u.old_secret
+                   AND d.previous_secret IS NOT DISTINCT FROM u.old_previous
+                   AND d.config = u.old_config
+                 RETURNING d.id"
             ),
         }
     }
@@ -490,6 +518,68 @@ impl EntityStore for PostgresEntityStore {
             return Err(missing_destination(tenant, id));
         }
         Ok(())
+    }
+
+    async fn scan_destinations(
+        &self,
+        after: Option<DestinationId>,
+        limit: usize,
+    ) -> Result<Vec<Destination>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = sqlx::query(&self.sql.scan_destinations)
+            .bind(after.map(|id| id.as_uuid()))
+            .bind(limit)
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("scanning destinations", e))?;
+        rows.iter().map(destination_from_row).collect()
+    }
+
+    async fn swap_credentials(&self, swaps: &[CredentialsSwap]) -> Result<Vec<DestinationId>> {
+        if swaps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let column = |pick: fn(&CredentialsSwap) -> Option<&Secret>| -> Vec<Option<String>> {
+            swaps
+                .iter()
+                .map(|s| pick(s).map(|secret| secret.expose().to_owned()))
+                .collect()
+        };
+        let rows = sqlx::query(&self.sql.swap_credentials)
+            .bind(
+                swaps
+                    .iter()
+                    .map(|s| s.tenant_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                swaps
+                    .iter()
+                    .map(|s| s.destination_id.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(column(|s| Some(&s.expected.secret)))
+            .bind(column(|s| Some(&s.replacement.secret)))
+            .bind(column(|s| s.expected.previous_secret.as_ref()))
+            .bind(column(|s| s.replacement.previous_secret.as_ref()))
+            .bind(
+                swaps
+                    .iter()
+                    .map(|s| Json(&s.expected.config))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                swaps
+                    .iter()
+                    .map(|s| Json(&s.replacement.config))
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&self.db.pool)
+            .await
+            .map_err(|e| from_sqlx("swapping stored credentials", e))?;
+        rows.iter()
+            .map(|row| get::<Uuid>(row, "id").map(DestinationId::from_uuid))
+            .collect()
     }
 
     async fn ping(&self) -> Result<()> {

@@ -1,13 +1,16 @@
 //! What the Postgres entity store promises about `record_delivery_health` beyond the shared
 //! suite: concurrent reports for the same destinations lose no failure and never deadlock,
-//! reports that change nothing write nothing, and counts saturate at the `integer` column.
+//! reports that change nothing write nothing, and counts saturate at the `integer` column. And
+//! the two calls of a re-sealing pass: `scan_destinations` pages every tenant's destinations in
+//! id order, and `swap_credentials` swaps only what still holds the expected values.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sheaf_store::testkit::fixtures::{destination, unique_tenant};
 use sheaf_store::{
-    DeliveryHealth, Destination, DestinationId, EntityStore, HealthChange, TenantId,
+    CredentialsSwap, DeliveryHealth, Destination, DestinationId, EntityStore, HealthChange, Secret,
+    StoredCredentials, TenantId, Timestamp,
 };
 use sheaf_testenv::require_postgres;
 
@@ -211,4 +214,77 @@ async fn counts_saturate_at_the_integer_column() {
         format!("{max} consecutive failed attempts; the last: bad\u{FFFD}byte")
     );
     assert!(reason.automatic);
+}
+
+/// Three tenants' destinations come back in id order across pages of two; a swap whose expected
+/// values are still stored happens (and leaves `updated_at`), one whose destination was rotated
+/// in between does not, and neither does one naming another tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_swap_only_where_they_are_still_the_expected_ones() {
+    let url = require_postgres!("credentials_swap_only_where_they_are_still_the_expected_ones");
+    let test = TestSchema::new(&url).await;
+    let store = test.stores.entity_store();
+    let mut all = Vec::new();
+    for prefix in ["pg-scan-a", "pg-scan-b", "pg-scan-c"] {
+        all.extend(tenant_with(&*store, prefix, 2).await);
+    }
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.scan_destinations(after, 2).await.expect("scan");
+        let Some(last) = page.last() else { break };
+        assert!(page.len() <= 2);
+        after = Some(last.id);
+        pages.extend(page.into_iter().map(|d| d.id));
+    }
+    let mut expected: Vec<DestinationId> = all.iter().map(|d| d.id).collect();
+    expected.sort_by_key(|id| id.as_uuid());
+    assert_eq!(pages, expected, "every destination once, in id order");
+
+    let swap_of = |d: &Destination, tag: &str| CredentialsSwap {
+        tenant_id: d.tenant_id.clone(),
+        destination_id: d.id,
+        expected: StoredCredentials::of(d),
+        replacement: StoredCredentials {
+            secret: Secret::new(format!("swapped-{tag}")).unwrap(),
+            previous_secret: None,
+            config: serde_json::json!({ "url": format!("https://swapped.example/{tag}") }),
+        },
+    };
+    let (kept, rotated, foreign) = (&all[0], &all[1], &all[2]);
+    store
+        .rotate_secret(
+            &rotated.tenant_id,
+            &rotated.id,
+            &Secret::new("rotated-meanwhile").unwrap(),
+            Timestamp::now(),
+        )
+        .await
+        .expect("rotate");
+    let mut wrong_tenant = swap_of(foreign, "foreign");
+    wrong_tenant.tenant_id = kept.tenant_id.clone();
+    let swapped = store
+        .swap_credentials(&[
+            swap_of(kept, "kept"),
+            swap_of(rotated, "rotated"),
+            wrong_tenant,
+        ])
+        .await
+        .expect("swap");
+    assert_eq!(swapped, vec![kept.id]);
+    let now = read(&*store, &kept.tenant_id, &kept.id).await;
+    assert_eq!(now.secret.expose(), "swapped-kept");
+    assert_eq!(now.config["url"], "https://swapped.example/kept");
+    assert_eq!(now.updated_at, kept.updated_at, "a swap leaves updated_at");
+    let now = read(&*store, &rotated.tenant_id, &rotated.id).await;
+    assert_eq!(now.secret.expose(), "rotated-meanwhile");
+    let now = read(&*store, &foreign.tenant_id, &foreign.id).await;
+    assert_eq!(now.secret, foreign.secret);
+    assert!(
+        store
+            .swap_credentials(&[])
+            .await
+            .expect("nothing")
+            .is_empty()
+    );
 }

@@ -1,10 +1,12 @@
 //! `sheaf`: the binary. `sheaf serve` runs the service, `sheaf migrate` prepares the database
-//! schemas, `--help` lists every setting, `--version` prints the version.
+//! schemas, `sheaf secrets reseal` re-seals stored credentials under the current
+//! `SHEAF_SECRETS_KEY`, `--help` lists every setting, `--version` prints the version.
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use sheaf_server::settings::{LogStoreKind, QueueKind, settings_help};
+use sheaf_server::state::reseal::{MAX_BATCH, ResealOptions, reseal_configured};
 use sheaf_server::{Config, Migrate, Stores};
 
 fn usage() -> String {
@@ -14,6 +16,10 @@ fn usage() -> String {
          Commands:\n  \
          serve       run the service (memory backends and loopback by default)\n  \
          migrate     create or upgrade the Postgres and ClickHouse schemas the settings name, then exit\n  \
+         secrets reseal [--check] [--batch N]\n              \
+         re-seal every stored destination credential under SHEAF_SECRETS_KEY, N per page\n              \
+         (default 500), while servers keep running; --check only counts what is left under\n              \
+         another key and exits non-zero if any is\n  \
          --version   print the version\n  \
          --help      print this help\n\n\
          Settings (environment variables; SHEAF_CONFIG_FILE may name a TOML file with the same\n\
@@ -35,14 +41,16 @@ fn main() -> ExitCode {
 
 fn try_main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = match args.as_slice() {
-        [] => {
+    let (command, rest) = match args.split_first() {
+        None => {
             print!("{}", usage());
             anyhow::bail!("no command given: use `sheaf serve`");
         }
-        [one] => one.as_str(),
-        _ => anyhow::bail!("expected one command, got {args:?}; see `sheaf --help`"),
+        Some((command, rest)) => (command.as_str(), rest),
     };
+    if command != "secrets" && !rest.is_empty() {
+        anyhow::bail!("expected one command, got {args:?}; see `sheaf --help`");
+    }
     match command {
         "--help" | "-h" | "help" => {
             print!("{}", usage());
@@ -52,23 +60,96 @@ fn try_main() -> anyhow::Result<()> {
             println!("sheaf {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        "serve" | "migrate" => {
+        "serve" | "migrate" | "secrets" => {
+            // Checked before the settings, so a mistyped command is named as such.
+            let reseal = if command == "secrets" {
+                Some(reseal_options(rest)?)
+            } else {
+                None
+            };
             let config = Config::from_env()?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the tokio runtime")?;
             let telemetry = sheaf_server::telemetry::init(&config, runtime.handle().clone())?;
-            let result = if command == "serve" {
-                runtime.block_on(serve(config))
-            } else {
-                runtime.block_on(migrate(config))
+            let result = match reseal {
+                Some(options) => runtime.block_on(reseal_secrets(config, options)),
+                None if command == "serve" => runtime.block_on(serve(config)),
+                None => runtime.block_on(migrate(config)),
             };
             telemetry.shutdown();
             result
         }
         other => anyhow::bail!("unknown command {other:?}; see `sheaf --help`"),
     }
+}
+
+/// `secrets reseal [--check] [--batch N]`.
+fn reseal_options(args: &[String]) -> anyhow::Result<ResealOptions> {
+    let Some((sub, flags)) = args.split_first() else {
+        anyhow::bail!(
+            "`sheaf secrets` needs a subcommand: `sheaf secrets reseal [--check] [--batch N]`"
+        );
+    };
+    if sub != "reseal" {
+        anyhow::bail!("unknown subcommand `sheaf secrets {sub}`; the only one is `reseal`");
+    }
+    let mut options = ResealOptions {
+        batch: 500,
+        check_only: false,
+    };
+    let mut flags = flags.iter();
+    while let Some(flag) = flags.next() {
+        match flag.as_str() {
+            "--check" => options.check_only = true,
+            "--batch" => {
+                let raw = flags.next().context("--batch needs a number")?;
+                options.batch = raw
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_BATCH).contains(n))
+                    .with_context(|| format!("--batch must be 1 to {MAX_BATCH}, got {raw:?}"))?;
+            }
+            other => anyhow::bail!(
+                "unknown option {other:?} of `sheaf secrets reseal`; it takes --check and --batch N"
+            ),
+        }
+    }
+    Ok(options)
+}
+
+/// Re-seals (or with `--check` counts) and prints what it did; fails when anything is left
+/// under another key, so a script can wait for a clean `--check`.
+async fn reseal_secrets(config: Config, options: ResealOptions) -> anyhow::Result<()> {
+    let Some(report) = reseal_configured(&config, options).await? else {
+        println!(
+            "the entity store is in this process's memory (neither SHEAF_QUEUE nor SHEAF_LOG_STORE is postgres): nothing is stored across processes, so there is nothing to re-seal (every write is sealed with SHEAF_SECRETS_KEY)"
+        );
+        return Ok(());
+    };
+    for error in &report.errors {
+        eprintln!("sheaf: {error}");
+    }
+    if options.check_only {
+        println!(
+            "{} destinations examined, {} hold a credential not sealed under key {} (SHEAF_SECRETS_KEY)",
+            report.examined, report.remaining, report.key_id
+        );
+    } else {
+        println!(
+            "{} destinations examined, {} re-sealed under key {} (SHEAF_SECRETS_KEY), {} remain under another key or unsealed",
+            report.examined, report.resealed, report.key_id, report.remaining
+        );
+    }
+    if report.remaining > 0 {
+        anyhow::bail!(
+            "{} destinations still hold a credential not sealed under key {}",
+            report.remaining,
+            report.key_id
+        );
+    }
+    Ok(())
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {
@@ -103,7 +184,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     if plaintext_secrets_in_postgres {
         tracing::warn!(
-            "SHEAF_SECRETS_KEY is not set: destination signing secrets are stored in Postgres as they are; set it to encrypt them at rest"
+            "SHEAF_SECRETS_KEY is not set: destination signing secrets and config.url passwords are stored in Postgres as they are; set it to encrypt them at rest"
+        );
+    }
+    if let Some(key) = &config.secrets_key {
+        tracing::info!(
+            key_id = key.id(),
+            previous_key_id = key.previous_id(),
+            "destination credentials are sealed under key {}{}",
+            key.id(),
+            key.previous_id()
+                .map(|p| format!("; values under key {p} (SHEAF_SECRETS_KEY_PREVIOUS) still open: run `sheaf secrets reseal` once every process runs key {}", key.id()))
+                .unwrap_or_default()
         );
     }
     if nothing_delivers {

@@ -7,7 +7,9 @@
 //! the service's at info, the toolkit's batch spans (`coalesced_lookup`, `coalesced_write`,
 //! debug spans, so that they add nothing to the log's lines) at debug.
 //! Spans are batched and sent in the background by the SDK's batch processor, over the same
-//! reqwest client stack the webhooks use, on the service's runtime.
+//! reqwest client stack the webhooks use, on the service's runtime, trusting `SHEAF_TLS_CA_FILE`
+//! besides the system's roots as every other client of the service does (a collector behind a
+//! private CA is the usual case inside a cluster).
 
 use std::io::IsTerminal as _;
 use std::time::Duration;
@@ -71,10 +73,7 @@ pub fn init(config: &Config, runtime: tokio::runtime::Handle) -> anyhow::Result<
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(OtlpClient {
-            http: reqwest::Client::builder()
-                .timeout(EXPORT_TIMEOUT)
-                .build()
-                .context("cannot build the OTLP client")?,
+            http: otlp_http_client(config.tls_ca_file.as_deref())?,
             runtime,
         })
         .with_endpoint(format!("{endpoint}/v1/traces"))
@@ -119,6 +118,27 @@ pub fn init(config: &Config, runtime: tokio::runtime::Handle) -> anyhow::Result<
     Ok(Telemetry {
         provider: Some(provider),
     })
+}
+
+/// The exporter's reqwest client: bounded by [`EXPORT_TIMEOUT`], trusting the certificates of
+/// `ca_file` (`SHEAF_TLS_CA_FILE`) besides the built-in roots, as the webhook client does.
+fn otlp_http_client(ca_file: Option<&std::path::Path>) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT);
+    if let Some(path) = ca_file {
+        let certificates = sheaf_tls::load_certificates(path)
+            .context("SHEAF_TLS_CA_FILE for the OTLP exporter")?;
+        for certificate in certificates {
+            builder = builder.add_root_certificate(
+                reqwest::Certificate::from_der(&certificate).with_context(|| {
+                    format!(
+                        "SHEAF_TLS_CA_FILE {}: a certificate reqwest cannot use",
+                        path.display()
+                    )
+                })?,
+            );
+        }
+    }
+    builder.build().context("cannot build the OTLP client")
 }
 
 /// The exporter's HTTP client: reqwest (rustls), each request run on the service's runtime so

@@ -2,7 +2,8 @@
 //!
 //! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
-//! - `brokers`: RabbitMQ and NATS JetStream destinations through `sheaf serve`, on real brokers.
+//! - `brokers`: RabbitMQ and NATS JetStream destinations through `sheaf serve`, on real brokers,
+//!   and their passwords sealed at rest and redacted in the API.
 //! - `controls`: destination controls on every backend: payload filters, automatic disabling
 //!   with operator events, bulk replay.
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
@@ -14,8 +15,9 @@
 //! - `bad_input`: oversized, deep, non-UTF-8 and unknown input, absurd limits and bad cursors.
 //! - `schemathesis`: generated requests against the OpenAPI document (PyPI's schemathesis).
 //! - `portal`: the web portal's files, links and chart counts, and the portal in Chromium.
-//! - `security`: tenant tokens walked over every route, sealed secrets, secret-free logs, the
-//!   connect-time guard and redirects.
+//! - `security`: tenant tokens walked over every route, sealed secrets, a `SHEAF_SECRETS_KEY`
+//!   rotation with `sheaf secrets reseal` under deliveries, secret-free logs, the connect-time
+//!   guard and redirects, TLS to receivers and to the OTLP collector.
 
 mod api;
 mod bad_input;

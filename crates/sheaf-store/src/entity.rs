@@ -388,6 +388,46 @@ impl DestinationPatch {
     }
 }
 
+/// What a destination keeps of its credentials, as stored: the values a service that seals
+/// them at rest re-seals under a new key ([`EntityStore::swap_credentials`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCredentials {
+    /// The current signing secret.
+    pub secret: Secret,
+    /// The previous signing secret, if any (its expiry is not part of the swap).
+    pub previous_secret: Option<Secret>,
+    /// The whole `config`, which may carry a credential (a password in a URL).
+    pub config: serde_json::Value,
+}
+
+impl StoredCredentials {
+    /// The credentials `destination` holds.
+    pub fn of(destination: &Destination) -> Self {
+        StoredCredentials {
+            secret: destination.secret.clone(),
+            previous_secret: destination
+                .previous_secret
+                .as_ref()
+                .map(|p| p.secret.clone()),
+            config: destination.config.clone(),
+        }
+    }
+}
+
+/// One compare-and-set of [`EntityStore::swap_credentials`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialsSwap {
+    /// The destination's tenant.
+    pub tenant_id: TenantId,
+    /// The destination.
+    pub destination_id: DestinationId,
+    /// What it must still hold for the swap to happen.
+    pub expected: StoredCredentials,
+    /// What it holds afterwards. Without a previous secret in `expected`, this one has none
+    /// either.
+    pub replacement: StoredCredentials,
+}
+
 /// Tenants and destinations: small, rarely written, read through the service's cache.
 ///
 /// Getters return `Ok(None)` for something that does not exist; mutations of something that does
@@ -474,6 +514,35 @@ pub trait EntityStore: fmt::Debug + Send + Sync + 'static {
         reports: &[DeliveryHealth],
         disable_after: u32,
     ) -> Result<Vec<HealthChange>>;
+
+    /// Every tenant's destinations, in id order, those after `after` (all with `None`), at most
+    /// `limit`: a pass over the whole table in pages, for maintenance such as re-sealing
+    /// credentials under a new key. The default refuses: a store that keeps nothing across
+    /// processes (the memory one) has nothing such a pass could change for another process.
+    async fn scan_destinations(
+        &self,
+        after: Option<DestinationId>,
+        limit: usize,
+    ) -> Result<Vec<Destination>> {
+        let _ = (after, limit);
+        Err(Error::Backend {
+            message: "this entity store cannot scan every tenant's destinations".to_owned(),
+            source: None,
+        })
+    }
+
+    /// For each swap whose destination still holds exactly its `expected` credentials, stores
+    /// its `replacement` ones, all in one round trip, and returns the ids of the destinations
+    /// swapped; the others (changed meanwhile, or gone) are left as they are, for the caller to
+    /// read again. Nothing else changes, `updated_at` included: a swap stores the same
+    /// credentials in another form. The default refuses, as [`Self::scan_destinations`] does.
+    async fn swap_credentials(&self, swaps: &[CredentialsSwap]) -> Result<Vec<DestinationId>> {
+        let _ = swaps;
+        Err(Error::Backend {
+            message: "this entity store cannot swap stored credentials".to_owned(),
+            source: None,
+        })
+    }
 
     /// Whether the store is reachable, for readiness checks. The default says yes.
     async fn ping(&self) -> Result<()> {

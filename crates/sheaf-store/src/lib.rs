@@ -44,9 +44,9 @@ mod time;
 pub mod testkit;
 
 pub use entity::{
-    DeliveryHealth, Destination, DestinationKind, DestinationPatch, DisabledReason, EntityStore,
-    HealthChange, PreviousSecret, RateLimit, Secret, Tenant, TenantUpsert, Topics,
-    validate_health_reports,
+    CredentialsSwap, DeliveryHealth, Destination, DestinationKind, DestinationPatch,
+    DisabledReason, EntityStore, HealthChange, PreviousSecret, RateLimit, Secret,
+    StoredCredentials, Tenant, TenantUpsert, Topics, validate_health_reports,
 };
 pub use error::{Error, ErrorKind, Result, SharedSource};
 pub use filter::{Filter, FilterError};

@@ -201,6 +201,7 @@ pub struct NatsServer {
     binary: PathBuf,
     dir: PathBuf,
     port: u16,
+    login: Option<(String, String)>,
     child: Option<Child>,
 }
 
@@ -208,16 +209,36 @@ impl NatsServer {
     /// Starts a server on a free loopback port with its JetStream store in a new scratch
     /// directory, and waits until it greets a client with JetStream on.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// [`NatsServer::start`], with clients required to log in as `user` with `password`
+    /// ([`NatsServer::url_with_login`] carries them).
+    pub fn start_with_login(user: &str, password: &str) -> anyhow::Result<Self> {
+        Self::start_with(Some((user.to_owned(), password.to_owned())))
+    }
+
+    fn start_with(login: Option<(String, String)>) -> anyhow::Result<Self> {
         let binary = nats_server_binary()?;
         let [port] = free_ports()?;
         let mut server = Self {
             binary,
             dir: scratch_dir("sheaf_nats")?,
             port,
+            login,
             child: None,
         };
         server.spawn()?;
         Ok(server)
+    }
+
+    /// `nats://user:password@127.0.0.1:<port>` for a server started with a login, else
+    /// [`NatsServer::url`].
+    pub fn url_with_login(&self) -> String {
+        match &self.login {
+            Some((user, password)) => format!("nats://{user}:{password}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        }
     }
 
     /// `nats://127.0.0.1:<port>`, the same across restarts.
@@ -270,10 +291,15 @@ impl NatsServer {
     fn spawn(&mut self) -> anyhow::Result<()> {
         let log_path = self.dir.join("server.log");
         let (stdout, stderr) = append_to(&log_path)?;
-        let mut child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        command
             .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
             .arg("-sd")
-            .arg(self.store_dir())
+            .arg(self.store_dir());
+        if let Some((user, password)) = &self.login {
+            command.args(["--user", user, "--pass", password]);
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

@@ -10,6 +10,7 @@ mod kill;
 mod outage;
 mod overload;
 mod postgres;
+mod secrets;
 mod shutdown;
 
 use std::collections::HashSet;
@@ -33,6 +34,7 @@ pub const NAMES: &[&str] = &[
     "outage",
     "disabled",
     "overload",
+    "secrets",
 ];
 
 /// The `'static` spelling of a scenario name.
@@ -52,6 +54,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "outage" => Box::pin(outage::run(ctx)).await,
         "disabled" => Box::pin(disabled::run(ctx)).await,
         "overload" => Box::pin(overload::run(ctx)).await,
+        "secrets" => Box::pin(secrets::run(ctx)).await,
         other => anyhow::bail!("unknown scenario {other}"),
     }
 }

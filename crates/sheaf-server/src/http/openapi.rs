@@ -277,7 +277,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "A new rate limit, or null for none" },
                 "config": {
                     "anyOf": destinations.iter().map(|k| k.config_schema()).collect::<Vec<_>>(),
-                    "description": "Replaces the whole config; it must be one the destination's type takes"
+                    "description": "Replaces the whole config; it must be one the destination's type takes. A `url` whose password is `***` keeps the stored password (same scheme, user, host and port only)"
                 },
                 "headers": headers_schema(&destinations.reserved_headers()),
                 "enabled": { "type": "boolean" }
@@ -293,7 +293,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "topics": { "type": "array", "items": { "type": "string" } },
                 "filter": { "type": ["object", "null"], "description": "The payload filter as given, or null" },
                 "rate_limit": { "type": ["object", "null"], "properties": { "per_second": { "type": "integer" } } },
-                "config": { "type": "object", "description": "As its type defines it (see DestinationInput)" },
+                "config": { "type": "object", "description": "As its type defines it (see DestinationInput), with the password of a `url`, if any, shown as `***`" },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "enabled": { "type": "boolean" },
                 "disabled_reason": {

@@ -1,7 +1,7 @@
 //! The secret keys among the settings: the admin key, the tenant-token signing key and the key
 //! that seals destination secrets. Each is read and checked here; what is done with it lives
 //! with its user (`http::tokens` signs with [`TokenKey`], `state::secrets` seals with
-//! [`SecretsKey`]). `Debug` never prints a key, so neither does a `Config`.
+//! [`SecretsKey`], with the decrypt-only key of a rotation beside it). `Debug` never prints a key, so neither does a `Config`.
 
 use std::fmt;
 
@@ -9,6 +9,11 @@ use aes_gcm::Aes256Gcm;
 use aes_gcm::aead::KeyInit;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use sha2::{Digest as _, Sha256};
+
+use super::ConfigError;
+use super::table as s;
+use super::values::Values;
 
 /// The admin key (`SHEAF_API_KEY`).
 #[derive(Clone, PartialEq, Eq)]
@@ -66,21 +71,39 @@ impl TokenKey {
     }
 }
 
-/// The AES-256-GCM key that seals destination secrets (`SHEAF_SECRETS_KEY`).
+/// The AES-256-GCM keys of destination secrets: the one that seals (`SHEAF_SECRETS_KEY`) and,
+/// while that key is being rotated, one that only opens (`SHEAF_SECRETS_KEY_PREVIOUS`).
+///
+/// Each key has an id, the first 8 hex digits of a SHA-256 of the key under a label of its own,
+/// which sealed values carry (`enc:v2:<key id>:…`) so a reader knows which key to open them
+/// with and a re-sealing pass knows which values still need it. 32 bits of a hash of a 256-bit
+/// key say nothing useful about it.
 #[derive(Clone)]
 pub struct SecretsKey {
-    pub(crate) cipher: Aes256Gcm,
+    pub(crate) current: SealingKey,
+    pub(crate) previous: Option<SealingKey>,
 }
 
+/// One AES-256-GCM key and its id.
+#[derive(Clone)]
+pub(crate) struct SealingKey {
+    pub(crate) cipher: Aes256Gcm,
+    pub(crate) id: String,
+}
+
+/// The key ids are shown (they are in every sealed value anyway), the keys never.
 impl fmt::Debug for SecretsKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretsKey(<redacted>)")
+        write!(f, "SecretsKey(<redacted>, id {}", self.current.id)?;
+        match &self.previous {
+            Some(previous) => write!(f, ", previous id {})", previous.id),
+            None => f.write_str(")"),
+        }
     }
 }
 
-impl SecretsKey {
-    /// Reads the setting's value: the standard base64 of exactly 32 bytes.
-    pub fn from_base64(raw: &str) -> Result<Self, String> {
+impl SealingKey {
+    fn from_base64(raw: &str) -> Result<Self, String> {
         let bytes = decode(raw)?;
         if bytes.len() != 32 {
             return Err(format!(
@@ -90,7 +113,72 @@ impl SecretsKey {
         }
         let cipher =
             Aes256Gcm::new_from_slice(&bytes).map_err(|_| "is not a 32-byte key".to_owned())?;
-        Ok(Self { cipher })
+        let digest = Sha256::new()
+            .chain_update(b"sheaf secrets key id\0")
+            .chain_update(&bytes)
+            .finalize();
+        let id = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Self { cipher, id })
+    }
+}
+
+impl SecretsKey {
+    /// Reads `SHEAF_SECRETS_KEY`'s value: the standard base64 of exactly 32 bytes.
+    pub fn from_base64(raw: &str) -> Result<Self, String> {
+        Ok(Self {
+            current: SealingKey::from_base64(raw)?,
+            previous: None,
+        })
+    }
+
+    /// Adds `SHEAF_SECRETS_KEY_PREVIOUS`'s value, a key that opens values and never seals.
+    /// The same key as the current one is refused: it would mean a rotation that rotates
+    /// nothing, most likely a mistake in the settings.
+    pub fn with_previous(mut self, raw: &str) -> Result<Self, String> {
+        let previous = SealingKey::from_base64(raw)?;
+        if previous.id == self.current.id {
+            return Err(
+                "is the same key as SHEAF_SECRETS_KEY; it should hold the key being replaced"
+                    .to_owned(),
+            );
+        }
+        self.previous = Some(previous);
+        Ok(self)
+    }
+
+    /// The id of the key that seals, as sealed values carry it.
+    pub fn id(&self) -> &str {
+        &self.current.id
+    }
+
+    /// The id of the decrypt-only key, if there is one.
+    pub fn previous_id(&self) -> Option<&str> {
+        self.previous.as_ref().map(|k| k.id.as_str())
+    }
+}
+
+/// `SHEAF_SECRETS_KEY`, with `SHEAF_SECRETS_KEY_PREVIOUS` added to it. The previous key needs
+/// the current one: a key that only opens is of use only beside one that seals.
+pub(super) fn parse_secrets_key(values: &Values) -> Result<Option<SecretsKey>, ConfigError> {
+    let current = values
+        .optional(&s::SECRETS_KEY)
+        .map(|k| SecretsKey::from_base64(&k))
+        .transpose()
+        .map_err(|m| ConfigError::new(s::SECRETS_KEY.name, m))?;
+    let name = s::SECRETS_KEY_PREVIOUS.name;
+    match (values.optional(&s::SECRETS_KEY_PREVIOUS), current) {
+        (None, current) => Ok(current),
+        (Some(_), None) => Err(ConfigError::new(
+            name,
+            format!(
+                "needs {}: the previous key only opens values, and the current one seals them",
+                s::SECRETS_KEY.name
+            ),
+        )),
+        (Some(raw), Some(current)) => current
+            .with_previous(&raw)
+            .map(Some)
+            .map_err(|m| ConfigError::new(name, m)),
     }
 }
 

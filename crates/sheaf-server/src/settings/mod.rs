@@ -127,7 +127,9 @@ pub struct Config {
     pub token_max_ttl: Duration,
     /// `SHEAF_PUBLIC_URL`: scheme, host and port, without a trailing slash.
     pub public_url: Option<String>,
-    /// `SHEAF_SECRETS_KEY`: destination secrets are sealed with it in every entity store.
+    /// `SHEAF_SECRETS_KEY`: destination secrets (and passwords in `config.url`) are sealed with
+    /// it in every entity store; with `SHEAF_SECRETS_KEY_PREVIOUS` beside it, values sealed
+    /// with that one still open.
     pub secrets_key: Option<SecretsKey>,
     /// `SHEAF_LOG_STORE`.
     pub log_store: LogStoreKind,
@@ -254,11 +256,7 @@ impl Config {
             .transpose()
             .map_err(|m| ConfigError::new(s::TOKEN_SIGNING_KEY.name, m))?;
         check_admin_access(listen, api_key.as_ref(), token_signing_key.is_some())?;
-        let secrets_key = values
-            .optional(&s::SECRETS_KEY)
-            .map(|k| SecretsKey::from_base64(&k))
-            .transpose()
-            .map_err(|m| ConfigError::new(s::SECRETS_KEY.name, m))?;
+        let secrets_key = keys::parse_secrets_key(&values)?;
         let stores = parse_stores(&values)?;
         let delivery_timeout = values.duration(&s::DELIVERY_TIMEOUT)?;
         let queue_lease = values.duration(&s::QUEUE_LEASE)?;

@@ -629,7 +629,14 @@ pub const SECRETS_KEY: Setting = setting(
     "SHEAF_SECRETS_KEY",
     None,
     Kind::Text("standard base64 of exactly 32 bytes (`head -c 32 /dev/urandom | base64`)"),
-    "Key that encrypts destination signing secrets at rest (AES-256-GCM), in every entity store: rows hold `enc:v1:…`, never the secret. Secrets stored before it was set still read, and new and rotated secrets are encrypted. Unset: secrets are stored as they are, and the log warns at start when they live in Postgres. Losing it makes every encrypted secret unreadable; rotating it is not supported yet (`docs/security.md`).",
+    "Key that encrypts destination signing secrets, and the password of a destination's `config.url`, at rest (AES-256-GCM), in every entity store: rows hold `enc:v2:<key id>:…`, never the secret. Values stored before it was set still read, and every write is encrypted with this key. Unset: secrets are stored as they are, and the log warns at start when they live in Postgres. Losing it makes every encrypted value unreadable; to rotate it, see `SHEAF_SECRETS_KEY_PREVIOUS` and `docs/operations.md`.",
+);
+/// `SHEAF_SECRETS_KEY_PREVIOUS`.
+pub const SECRETS_KEY_PREVIOUS: Setting = setting(
+    "SHEAF_SECRETS_KEY_PREVIOUS",
+    None,
+    Kind::Text("standard base64 of exactly 32 bytes, not `SHEAF_SECRETS_KEY`'s"),
+    "A second key that only decrypts: values sealed with it (a key id in `enc:v2:<key id>:`, or any `enc:v1:` value) still open while every write is sealed with `SHEAF_SECRETS_KEY`. Set it to the old key while rotating, run `sheaf secrets reseal` once every process runs the new key, then unset it (`docs/operations.md`). Requires `SHEAF_SECRETS_KEY`.",
 );
 // A day gives receivers time to deploy the new secret.
 /// `SHEAF_SECRET_ROTATION_GRACE`.
@@ -851,6 +858,7 @@ pub const SETTINGS: &[Setting] = &[
     EGRESS_PROXY,
     TLS_CA_FILE,
     SECRETS_KEY,
+    SECRETS_KEY_PREVIOUS,
     SECRET_ROTATION_GRACE,
     DESTINATION_DISABLE_AFTER_FAILURES,
     OPERATOR_WEBHOOK_URL,

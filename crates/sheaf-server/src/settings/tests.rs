@@ -62,6 +62,7 @@ fn another_value(setting: &Setting) -> String {
 }
 
 const KEY32: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const OTHER_KEY32: &str = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
 
 const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_CONFIG_FILE", "/nonexistent/sheaf.toml"),
@@ -73,6 +74,7 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_POSTGRES_SCHEMA", "other"),
     ("SHEAF_CLICKHOUSE_DATABASE", "other"),
     ("SHEAF_SECRETS_KEY", KEY32),
+    ("SHEAF_SECRETS_KEY_PREVIOUS", OTHER_KEY32),
     (
         "SHEAF_CDC_POSTGRES_URL",
         "postgres://app:secret@127.0.0.1:5433/other",
@@ -97,6 +99,7 @@ const OPERATOR_SECRET: &str = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY
 
 /// Settings that act only together with another one.
 const COMPANIONS: &[(&str, (&str, &str))] = &[
+    ("SHEAF_SECRETS_KEY_PREVIOUS", ("SHEAF_SECRETS_KEY", KEY32)),
     ("SHEAF_CDC_BATCH_WAIT", ("SHEAF_CDC_BATCH_SIZE", "10")),
     (
         "SHEAF_OPERATOR_WEBHOOK_URL",
@@ -261,6 +264,25 @@ fn keys_are_checked_and_never_printed() {
                 "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWZ4eA==",
             )],
             "SHEAF_SECRETS_KEY",
+        ),
+        // The decrypt-only key: not alone, not invalid, not the current key again.
+        (
+            vec![("SHEAF_SECRETS_KEY_PREVIOUS", key32)],
+            "SHEAF_SECRETS_KEY_PREVIOUS",
+        ),
+        (
+            vec![
+                ("SHEAF_SECRETS_KEY", key32),
+                ("SHEAF_SECRETS_KEY_PREVIOUS", "c2hvcnQ="),
+            ],
+            "SHEAF_SECRETS_KEY_PREVIOUS",
+        ),
+        (
+            vec![
+                ("SHEAF_SECRETS_KEY", key32),
+                ("SHEAF_SECRETS_KEY_PREVIOUS", key32),
+            ],
+            "SHEAF_SECRETS_KEY_PREVIOUS",
         ),
     ] {
         let err = Config::load(env(&pairs)).unwrap_err();

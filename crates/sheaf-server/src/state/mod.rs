@@ -10,7 +10,9 @@
 //! - [`log_access`]: every path to the log store, coalesced: the write coalescer, the event
 //!   reads and the retries' latest-attempt lookups.
 //! - [`entities`]: tenants and destinations, cached per tenant.
-//! - [`secrets`]: destination secrets sealed at rest, at the entity store's boundary.
+//! - [`secrets`]: destination credentials sealed at rest, at the entity store's boundary;
+//!   [`reseal`]: the pass that re-seals them under a new `SHEAF_SECRETS_KEY`;
+//!   [`url_password`]: the password in a destination's `config.url`, found, sealed, redacted.
 //! - [`health`]: the completer's reports of finished turns, for destination health and
 //!   operator events.
 //! - [`jobs`]: how delivery job ids are derived, and how a manual retry's job is told apart.
@@ -32,10 +34,12 @@ pub mod log_access;
 pub mod metrics;
 pub mod pacer;
 pub mod replays;
+pub mod reseal;
 pub mod secrets;
 mod shared;
 pub mod stores;
 pub mod trace;
+pub mod url_password;
 
 pub use shared::Core;
 pub use stores::{Migrate, Stores};

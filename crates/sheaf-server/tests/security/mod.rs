@@ -1,7 +1,8 @@
 //! Security: tenant tokens reach their own tenant only (every route walked from the route
 //! table), destination secrets are sealed in every store and never logged, the private-address
-//! guard holds at connect time (through the egress proxy too), redirects are not followed, and
-//! receivers behind a private CA are reached only when that CA is trusted.
+//! guard holds at connect time (through the egress proxy too), redirects are not followed,
+//! receivers and the OTLP collector behind a private CA are reached only when that CA is
+//! trusted, and `SHEAF_SECRETS_KEY` rotates under deliveries (`rotation`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use sheaf_testenv::receiver::{Failing, Receiver};
 
 use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
 
+mod rotation;
 mod tls;
 mod walk;
 
@@ -211,7 +213,7 @@ async fn secrets_are_sealed_in_the_memory_store_and_plaintext_rows_still_read() 
     let stored = raw.get_destination(&tenant, &id).await.unwrap().unwrap();
     let previous = stored.previous_secret.as_ref().unwrap();
     for value in [stored.secret.expose(), previous.secret.expose()] {
-        assert!(value.starts_with("enc:v1:"), "{value}");
+        assert!(value.starts_with("enc:v2:"), "{value}");
         for secret in &secrets {
             for form in forms(secret) {
                 assert!(
@@ -293,8 +295,8 @@ async fn postgres_rows_hold_no_plaintext_secret_and_a_wrong_key_is_named() {
     .await
     .unwrap();
     println!("raw destination row: {whole_row}");
-    assert!(row.0.starts_with("enc:v1:"), "{}", row.0);
-    assert!(row.1.as_deref().unwrap().starts_with("enc:v1:"));
+    assert!(row.0.starts_with("enc:v2:"), "{}", row.0);
+    assert!(row.1.as_deref().unwrap().starts_with("enc:v2:"));
     for secret in &secrets {
         for form in forms(secret) {
             assert!(

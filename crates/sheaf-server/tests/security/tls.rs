@@ -1,6 +1,6 @@
 //! TLS on the delivery side, against real peers on loopback: an HTTPS receiver with a
-//! certificate of the test CA that `cargo xtask services up` made (`SHEAF_TEST_TLS_*`), and a
-//! small HTTP `CONNECT` proxy written here.
+//! certificate of the test CA that `cargo xtask services up` made (`SHEAF_TEST_TLS_*`), also
+//! standing in for an OTLP collector, and a small HTTP `CONNECT` proxy written here.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::walk::{deliver_past_the_api, first_attempt};
-use crate::support::{Client, env_with, start_server};
+use crate::support::{Client, env_with, spawn_sheaf, start_server, stop_clean};
 
 const CA_VAR: &str = "SHEAF_TEST_TLS_CA_FILE";
 const CERT_VAR: &str = "SHEAF_TEST_TLS_CERT_FILE";
@@ -331,6 +331,38 @@ async fn a_database_certificate_from_another_ca_stops_start_up_in_words() {
     assert!(
         message.contains("TLS: the server's certificate is not signed by a trusted CA"),
         "{message}"
+    );
+}
+
+/// The OTLP exporter of the real binary trusts `SHEAF_TLS_CA_FILE` like every other client: an
+/// HTTPS collector behind the test CA gets the spans. (The receiver here only counts requests
+/// that got through the handshake; `traces.rs` checks what an export holds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_otlp_exporter_reaches_a_collector_behind_a_private_ca() {
+    let Some((ca, cert, key)) =
+        test_pki("the_otlp_exporter_reaches_a_collector_behind_a_private_ca")
+    else {
+        return;
+    };
+    let collector = HttpsReceiver::start("127.0.0.1:0", &cert, &key).await;
+    let endpoint = format!("https://{}", collector.addr);
+    let sheaf = spawn_sheaf(&[
+        ("SHEAF_OTLP_ENDPOINT", &endpoint),
+        ("SHEAF_TLS_CA_FILE", &ca),
+    ])
+    .await;
+    let client = Client::new(sheaf.addr);
+    // A request makes a span; the batch processor exports within its 5 s schedule, and at the
+    // latest when the process stops.
+    assert_eq!(client.get("/api/v1/tenants/otlp-tls").await.status, 404);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while collector.requests() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    stop_clean(sheaf).await;
+    assert!(
+        collector.requests() > 0,
+        "no export got through the TLS handshake with the test CA trusted"
     );
 }
 

@@ -17,6 +17,7 @@ use sheaf_store::{
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiPath, AppState};
 use crate::state::Core;
+use crate::state::url_password;
 use sheaf_destination::{ConfigError, DestinationType, Registry, generate_secret};
 
 use crate::http::limits::{
@@ -33,7 +34,9 @@ fn destination_json(d: &Destination) -> Value {
         "topics": d.topics,
         "filter": d.filter.as_ref().map(Filter::source),
         "rate_limit": d.rate_limit.map(|r| json!({ "per_second": r.per_second })),
-        "config": d.config,
+        // A password in `config.url` is a credential the tenant already has; like the stored
+        // form, the API never shows it again.
+        "config": url_password::redacted(&d.config),
         "headers": d.headers,
         "enabled": d.enabled,
         "disabled_reason": d.disabled_reason.as_ref().map(|r| json!({
@@ -214,8 +217,16 @@ fn destination_type<'a>(core: &'a Core, name: &str) -> Result<&'a dyn Destinatio
 }
 
 /// `config` as `kind` stores it, or a 400 naming the field at fault (`config.url: …`).
-async fn checked_config(kind: &dyn DestinationType, config: &Value) -> Result<Value, ApiError> {
-    kind.validate(config)
+/// `current` is the stored config of the destination being changed: a `config.url` whose
+/// password is the redacted `***` the API shows keeps the stored password.
+async fn checked_config(
+    kind: &dyn DestinationType,
+    config: &Value,
+    current: Option<&Value>,
+) -> Result<Value, ApiError> {
+    let config = url_password::keep_redacted_password(config, current)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", e.0))?;
+    kind.validate(&config)
         .await
         .map_err(|e: ConfigError| ApiError::new(StatusCode::BAD_REQUEST, e.code, e.to_string()))
 }
@@ -233,7 +244,7 @@ pub(crate) async fn create_destination(
     let filter = check_filter(input.filter)?;
     let rate_limit = check_rate_limit(input.rate_limit)?;
     check_headers(&input.headers, &core.destinations)?;
-    let config = checked_config(kind_impl, &input.config).await?;
+    let config = checked_config(kind_impl, &input.config, None).await?;
     let now = Timestamp::now();
     let destination = Destination {
         id: DestinationId::generate(),
@@ -326,7 +337,7 @@ pub(crate) async fn patch_destination(
             .await?
             .ok_or_else(|| ApiError::not_found(format!("destination {id} does not exist")))?;
         let kind = destination_type(&core, current.kind.as_str())?;
-        Some(checked_config(kind, config).await?)
+        Some(checked_config(kind, config, Some(&current.config)).await?)
     } else {
         None
     };

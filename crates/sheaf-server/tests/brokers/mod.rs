@@ -3,6 +3,7 @@
 //! each exactly once, on the memory backends and on Postgres + ClickHouse; a broker nobody
 //! listens for fails attempts that are retried like a webhook's; a bad `config` is refused
 //! naming its field. (A broker restarted mid-run is the fault suite's `broker` scenario.)
+//! `passwords`: a broker password in `config.url`, sealed at rest and redacted in the API.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ use serde_json::{Value, json};
 
 use crate::controls::backends;
 use crate::support::{Client, spawn_sheaf, stop_clean};
+
+mod passwords;
 
 const EVENTS: usize = 1_000;
 
@@ -130,6 +133,11 @@ impl NatsTarget {
         let client = async_nats::connect(url)
             .await
             .expect("the test connects to NATS");
+        Self::create_on(client).await
+    }
+
+    /// [`NatsTarget::create`] through a client the caller connected (with a login, say).
+    async fn create_on(client: async_nats::Client) -> Self {
         let jetstream = async_nats::jetstream::new(client);
         let stream = sheaf_testenv::unique_name("SHEAF");
         let subject = format!("sheaf.{}", sheaf_testenv::unique_name("s"));
