@@ -43,12 +43,20 @@ pub(crate) const EVENT_COLUMNS: &str =
 
 /// The event arrays `bind_events` binds, from parameter `$first`, as `unnest(…)`'s arguments.
 pub(crate) fn event_arrays(first: usize) -> String {
-    ["text", "text", "text", "timestamptz", "text", "text", "text"]
-        .iter()
-        .enumerate()
-        .map(|(i, ty)| format!("${}::{ty}[]", first + i))
-        .collect::<Vec<_>>()
-        .join(", ")
+    [
+        "text",
+        "text",
+        "text",
+        "timestamptz",
+        "text",
+        "text",
+        "text",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, ty)| format!("${}::{ty}[]", first + i))
+    .collect::<Vec<_>>()
+    .join(", ")
 }
 
 /// `INSERT INTO {s}.{table}` of the thirteen attempt columns (`bind_attempts`), unnested from

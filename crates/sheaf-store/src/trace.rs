@@ -125,7 +125,10 @@ mod tests {
         assert_eq!(context.traceparent(), PARENT);
         assert_eq!(context.tracestate(), Some("a=1, b=2"));
         assert_eq!(context.text_len(), PARENT.len() + 8);
-        assert_eq!(TraceContext::new(PARENT, Some("")).unwrap().tracestate(), None);
+        assert_eq!(
+            TraceContext::new(PARENT, Some("")).unwrap().tracestate(),
+            None
+        );
         let json = serde_json::to_value(&context).unwrap();
         assert_eq!(
             json,
@@ -147,11 +150,14 @@ mod tests {
             (PARENT, Some(&*"s".repeat(MAX_TRACESTATE_LEN + 1))),
         ] {
             let err = TraceContext::new(parent, state).unwrap_err();
-            assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{parent:?} {state:?}");
+            assert_eq!(
+                err.kind(),
+                crate::ErrorKind::InvalidInput,
+                "{parent:?} {state:?}"
+            );
         }
         assert!(
-            serde_json::from_value::<TraceContext>(serde_json::json!({"traceparent": ""}))
-                .is_err()
+            serde_json::from_value::<TraceContext>(serde_json::json!({"traceparent": ""})).is_err()
         );
     }
 }

@@ -54,7 +54,13 @@ pub fn payload(tenant: &TenantId, id: &EventId) -> Payload {
 /// An event with a [`payload`] naming it.
 pub fn event(tenant: &TenantId, id: &str, topic: &str, time: Timestamp) -> Event {
     let id = event_id(id);
-    Event::new(tenant.clone(), id.clone(), topic, time, payload(tenant, &id))
+    Event::new(
+        tenant.clone(),
+        id.clone(),
+        topic,
+        time,
+        payload(tenant, &id),
+    )
 }
 
 /// A valid trace context, distinct for each `n`; odd `n` have a `tracestate` too.

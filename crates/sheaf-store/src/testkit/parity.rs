@@ -434,7 +434,8 @@ fn build(ctx: &RunContext, scenario: &Scenario) -> Built {
                     time: ctx.base,
                     data: Payload::new(json!({"tenant": t, "event": e, "check": check})),
                     // Half the events were published traced: the context rides along.
-                    trace: (e % 2 == 0).then(|| crate::testkit::fixtures::trace_context(t * EVENTS + e)),
+                    trace: (e % 2 == 0)
+                        .then(|| crate::testkit::fixtures::trace_context(t * EVENTS + e)),
                 })
                 .collect()
         })

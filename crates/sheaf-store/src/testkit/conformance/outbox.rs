@@ -504,7 +504,12 @@ pub async fn trace_contexts_travel_with_events(stores: Stores<'_>) {
     let keys: Vec<EventKey> = events.iter().map(Event::key).collect();
     let waiting = stores.outbox.get_events(&keys).await.expect("get_events");
     for e in &events {
-        assert_eq!(waiting.get(&e.key()), Some(e), "{case}: {} as accepted", e.id);
+        assert_eq!(
+            waiting.get(&e.key()),
+            Some(e),
+            "{case}: {} as accepted",
+            e.id
+        );
     }
     let claimed = stores.queue.claim(10, LEASE).await.expect("claim");
     assert_eq!(claimed.len(), 3, "{case}: one job per event");
@@ -512,7 +517,10 @@ pub async fn trace_contexts_travel_with_events(stores: Stores<'_>) {
     let attempts: Vec<crate::Attempt> = claimed
         .iter()
         .map(|c| {
-            let event = events.iter().find(|e| e.id == c.job.event_id).expect("its event");
+            let event = events
+                .iter()
+                .find(|e| e.id == c.job.event_id)
+                .expect("its event");
             attempt(event, d, now)
         })
         .collect();
@@ -521,7 +529,14 @@ pub async fn trace_contexts_travel_with_events(stores: Stores<'_>) {
         complete: claimed.iter().map(|c| c.lease).collect(),
         ..Settlement::default()
     };
-    assert!(stores.outbox.settle(&settlement).await.expect("settle").is_empty());
+    assert!(
+        stores
+            .outbox
+            .settle(&settlement)
+            .await
+            .expect("settle")
+            .is_empty()
+    );
 
     if !stores.outbox.is_log() {
         let (shipped_events, shipped_attempts) = ship_all(stores).await;
@@ -539,7 +554,11 @@ pub async fn trace_contexts_travel_with_events(stores: Stores<'_>) {
         }
     }
     for e in &events {
-        let logged = stores.log.get_event(&tenant, &e.id).await.expect("get_event");
+        let logged = stores
+            .log
+            .get_event(&tenant, &e.id)
+            .await
+            .expect("get_event");
         assert_eq!(logged.as_ref(), Some(e), "{case}: {} in the log", e.id);
     }
     for a in &attempts {

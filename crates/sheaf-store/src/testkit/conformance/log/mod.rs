@@ -29,9 +29,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::assert_kind;
-use crate::testkit::fixtures::{
-    ago, attempt, event, event_id, shift, traced_event, unique_tenant,
-};
+use crate::testkit::fixtures::{ago, attempt, event, event_id, shift, traced_event, unique_tenant};
 use crate::testkit::model;
 use crate::{
     Attempt, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger, Cursor,
