@@ -306,6 +306,16 @@ async fn a_retry_in_another_process_joins_the_publish_trace(log_store: &[(&str, 
             .await,
         "B delivers the retry"
     );
+    // The event API shows the stored context (the log store may receive the event a ship
+    // interval late).
+    let client = Client::new(b.addr);
+    let mut event = client.get("/api/v1/tenants/acme/events/elsewhere").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while event.status != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        event = client.get("/api/v1/tenants/acme/events/elsewhere").await;
+    }
+    assert_eq!(event.status, 200, "{:?}", event.body);
     stop_clean(b).await;
 
     let spans = collector.spans();
@@ -337,6 +347,11 @@ async fn a_retry_in_another_process_joins_the_publish_trace(log_store: &[(&str, 
         "the retry is B's successful attempt"
     );
     // And the retry's webhook names B's attempt span.
+    assert_eq!(
+        event.body["trace"],
+        json!({"traceparent": format!("00-{trace}-{}-01", hex(&publishes[0].span_id))}),
+        "the event keeps its publish span's context"
+    );
     let retry = receiver.deliveries().pop().expect("the retry's request");
     assert_eq!(
         retry.header("traceparent"),
@@ -408,6 +423,13 @@ async fn without_an_endpoint_nothing_is_exported_and_webhooks_carry_no_tracepare
         receiver
             .delivers_all(&["untraced".to_owned()], Duration::from_secs(30))
             .await
+    );
+    let event = client.get("/api/v1/tenants/acme/events/untraced").await;
+    assert_eq!(event.status, 200, "{:?}", event.body);
+    assert!(
+        event.body.get("trace").is_none(),
+        "no context is stored without tracing: {:?}",
+        event.body
     );
     let started = Instant::now();
     stop_clean(sheaf).await;
