@@ -83,13 +83,13 @@ fn write(
             .map(|seq| {
                 let data = json!({ "seq": seq, "pad": pad });
                 sizes.push(serde_json::to_vec(&data).expect("a payload encodes").len());
-                Event {
-                    tenant_id: tenant.clone(),
-                    id: EventId::new(format!("bench-{seq}")).expect("a valid id"),
-                    topic: "bench.event".to_owned(),
-                    time: Timestamp::from_micros(base + seq as i64 * 10).expect("in range"),
-                    data: Payload::new(data),
-                }
+                Event::new(
+                    tenant.clone(),
+                    EventId::new(format!("bench-{seq}")).expect("a valid id"),
+                    "bench.event",
+                    Timestamp::from_micros(base + seq as i64 * 10).expect("in range"),
+                    Payload::new(data),
+                )
             })
             .collect();
         let attempts: Vec<Attempt> = events
@@ -109,6 +109,7 @@ fn write(
                 error: None,
                 event_topic: event.topic.clone(),
                 event_data: event.data.clone(),
+                event_trace: None,
             })
             .collect();
         ready(store.insert_many(&events, &[])).expect("events written");

@@ -130,6 +130,7 @@ fn attempt(i: usize, rows: usize, start_micros: i64, payload: &Payload) -> anyho
         error: None,
         event_topic: "order.created".to_owned(),
         event_data: payload.clone(),
+        event_trace: None,
     })
 }
 

@@ -1,13 +1,14 @@
 //! The rows as ClickHouse stores them, and their conversion to and from the domain types.
 //!
 //! Times travel as `DateTime64(6, 'UTC')` microseconds (an `i64`), ids as `UUID` or `String`,
-//! status and trigger as `Enum8`, and payloads as their JSON text in a `String` column.
+//! status and trigger as `Enum8`, payloads as their JSON text in a `String` column, and a trace
+//! context as its two header values, empty when there is none.
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 use sheaf_store::{
     Attempt, AttemptId, AttemptStatus, AttemptTrigger, DestinationId, Event, EventId, Payload,
-    Result, TenantId, Timestamp,
+    Result, TenantId, Timestamp, TraceContext,
 };
 use uuid::Uuid;
 
@@ -23,6 +24,10 @@ pub(crate) struct EventRow {
     pub event_time: i64,
     /// The event's data as JSON text.
     pub data: String,
+    /// The publish's `traceparent`; empty when it was not traced.
+    pub traceparent: String,
+    /// The publish's `tracestate`; empty when it had none.
+    pub tracestate: String,
 }
 
 /// One row of the `attempts` table.
@@ -48,6 +53,10 @@ pub(crate) struct AttemptRow {
     pub event_topic: String,
     /// The event's data as JSON text.
     pub event_data: String,
+    /// The event's `traceparent`; empty when it was not traced.
+    pub event_traceparent: String,
+    /// The event's `tracestate`; empty when it had none.
+    pub event_tracestate: String,
 }
 
 /// The fixed-size part of a row as the write coalescer counts it: numbers, ids, times and the
@@ -65,18 +74,42 @@ fn payload_from(what: &str, text: &str) -> Result<Payload> {
         .map_err(|e| bad_row(what, format!("payload is not JSON: {e}")))
 }
 
+/// A trace context as its two columns, empty when there is none.
+fn trace_columns(trace: Option<&TraceContext>) -> (String, String) {
+    match trace {
+        Some(trace) => (
+            trace.traceparent().to_owned(),
+            trace.tracestate().unwrap_or_default().to_owned(),
+        ),
+        None => (String::new(), String::new()),
+    }
+}
+
+/// The two columns read back: no context when the `traceparent` is empty.
+fn trace_from(what: &str, traceparent: &str, tracestate: &str) -> Result<Option<TraceContext>> {
+    if traceparent.is_empty() {
+        return Ok(None);
+    }
+    TraceContext::new(traceparent, Some(tracestate))
+        .map(Some)
+        .map_err(|e| bad_row(what, e))
+}
+
 fn time_from(what: &str, micros: i64) -> Result<Timestamp> {
     Timestamp::from_micros(micros).map_err(|e| bad_row(what, e))
 }
 
 impl EventRow {
     pub fn from_event(event: &Event) -> Self {
+        let (traceparent, tracestate) = trace_columns(event.trace.as_ref());
         EventRow {
             tenant_id: event.tenant_id.as_str().to_owned(),
             event_id: event.id.as_str().to_owned(),
             topic: event.topic.clone(),
             event_time: event.time.as_micros(),
             data: payload_text(&event.data),
+            traceparent,
+            tracestate,
         }
     }
 
@@ -87,6 +120,8 @@ impl EventRow {
             + self.event_id.len()
             + self.topic.len()
             + self.data.len()
+            + self.traceparent.len()
+            + self.tracestate.len()
     }
 
     pub fn into_event(self) -> Result<Event> {
@@ -97,6 +132,7 @@ impl EventRow {
             topic: self.topic,
             time: time_from(WHAT, self.event_time)?,
             data: payload_from(WHAT, &self.data)?,
+            trace: trace_from(WHAT, &self.traceparent, &self.tracestate)?,
         })
     }
 }
@@ -117,6 +153,7 @@ fn trigger_code(trigger: AttemptTrigger) -> i8 {
 
 impl AttemptRow {
     pub fn from_attempt(attempt: &Attempt) -> Self {
+        let (event_traceparent, event_tracestate) = trace_columns(attempt.event_trace.as_ref());
         AttemptRow {
             tenant_id: attempt.tenant_id.as_str().to_owned(),
             event_id: attempt.event_id.as_str().to_owned(),
@@ -132,6 +169,8 @@ impl AttemptRow {
             error: attempt.error.clone(),
             event_topic: attempt.event_topic.clone(),
             event_data: payload_text(&attempt.event_data),
+            event_traceparent,
+            event_tracestate,
         }
     }
 
@@ -144,6 +183,8 @@ impl AttemptRow {
             + self.error.as_ref().map_or(0, String::len)
             + self.event_topic.len()
             + self.event_data.len()
+            + self.event_traceparent.len()
+            + self.event_tracestate.len()
     }
 
     pub fn into_attempt(self) -> Result<Attempt> {
@@ -173,6 +214,7 @@ impl AttemptRow {
             error: self.error,
             event_topic: self.event_topic,
             event_data: payload_from(WHAT, &self.event_data)?,
+            event_trace: trace_from(WHAT, &self.event_traceparent, &self.event_tracestate)?,
         })
     }
 }
@@ -200,6 +242,13 @@ mod tests {
             error: Some("late".to_owned()),
             event_topic: "a.b".to_owned(),
             event_data: Payload::new(json!({"big": u64::MAX, "f": 1.5, "s": "ü"})),
+            event_trace: Some(
+                TraceContext::new(
+                    "00-5eaf0000000000000000000000000001-feed000000000001-01",
+                    Some("a=1"),
+                )
+                .unwrap(),
+            ),
         };
         let row = AttemptRow::from_attempt(&attempt);
         assert!(row.encoded_len() > row.event_data.len());
@@ -214,6 +263,8 @@ mod tests {
             topic: "x".to_owned(),
             event_time: 0,
             data: "{not json".to_owned(),
+            traceparent: String::new(),
+            tracestate: String::new(),
         };
         assert_eq!(
             row.into_event().unwrap_err().kind(),

@@ -75,6 +75,24 @@ ORDER BY (tenant_id, event_id, destination_id, attempt_time, attempt_id)
 SETTINGS index_granularity = 256, index_granularity_bytes = 65536,
     deduplicate_merge_projection_mode = 'rebuild'"],
     },
+    // The publish's W3C trace context (`sheaf_store::TraceContext`), empty for an untraced
+    // publish (and for rows written before): in the event, and in each attempt beside the
+    // payload, where a retry's latest-attempt lookup reads it. A `String` with an empty default,
+    // not `Nullable`: no null map to write, and an absent context is never an empty one.
+    Migration {
+        version: 3,
+        name: "trace context",
+        statements: &[
+            r"
+ALTER TABLE {db}.events
+    ADD COLUMN IF NOT EXISTS traceparent String DEFAULT '',
+    ADD COLUMN IF NOT EXISTS tracestate String DEFAULT ''",
+            r"
+ALTER TABLE {db}.attempts
+    ADD COLUMN IF NOT EXISTS event_traceparent String DEFAULT '',
+    ADD COLUMN IF NOT EXISTS event_tracestate String DEFAULT ''",
+        ],
+    },
 ];
 
 /// Where applied versions are recorded. A version may be recorded twice when two processes

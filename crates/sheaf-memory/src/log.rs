@@ -43,7 +43,7 @@ use parking_lot::RwLock;
 use sheaf_store::{
     Attempt, AttemptCounts, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger,
     Buckets, Cursor, DestinationId, Error, Event, EventFilter, EventId, EventKey, Job, LogStore,
-    Page, PageRequest, Payload, Result, TenantId, Timestamp,
+    Page, PageRequest, Payload, Result, TenantId, Timestamp, TraceContext,
 };
 
 /// How much of the log the memory store keeps.
@@ -93,6 +93,8 @@ struct StoredEvent {
     time: Timestamp,
     /// The payload as compact JSON text.
     data: Box<[u8]>,
+    /// The publish's trace context, shared with the event it came in: one pointer when none.
+    trace: Option<TraceContext>,
     /// Its attempts by `(destination, time, id)`, ascending: the latest-attempt index (the last
     /// entry of a destination is its newest attempt), and what goes when the event goes. Most
     /// events have one or two, so a tight vector beats a tree.
@@ -159,6 +161,7 @@ impl TenantLog {
             } else {
                 Payload::default()
             },
+            trace: stored.trace.clone(),
         })
     }
 
@@ -192,6 +195,7 @@ impl TenantLog {
             } else {
                 Payload::default()
             },
+            event_trace: event.trace.clone(),
         }))
     }
 }
@@ -292,6 +296,8 @@ impl LogState {
             for (id, event) in &tenant.events {
                 bytes += arc_str_bytes(id)
                     + event.data.len()
+                    // A context's allocation: two counts and two boxed strings, then their text.
+                    + event.trace.as_ref().map_or(0, |t| 48 + t.text_len())
                     + event.attempts.capacity()
                         * size_of::<(DestinationId, Timestamp, AttemptId)>();
             }
@@ -329,6 +335,7 @@ impl LogState {
                 topic,
                 time: event.time,
                 data,
+                trace: event.trace.clone(),
                 attempts: Vec::new(),
                 holds: 0,
             },

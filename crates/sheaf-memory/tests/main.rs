@@ -299,13 +299,13 @@ mod memory {
 
     /// An event of `tenant` at `time` with a payload of about `pad` bytes of JSON.
     fn padded_event(tenant: &TenantId, seq: u64, time: Timestamp, pad: &str) -> Event {
-        Event {
-            tenant_id: tenant.clone(),
-            id: EventId::new(format!("e{seq}")).expect("valid id"),
-            topic: "bench.event".to_owned(),
+        Event::new(
+            tenant.clone(),
+            EventId::new(format!("e{seq}")).expect("valid id"),
+            "bench.event",
             time,
-            data: Payload::new(json!({ "seq": seq, "pad": pad })),
-        }
+            Payload::new(json!({ "seq": seq, "pad": pad })),
+        )
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use sheaf_store::{
     Attempt, AttemptCounts, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger,
     Buckets, Cursor, DestinationId, Event, EventFilter, EventId, EventKey, LogStore, Page,
-    PageRequest, Payload, Result, TenantId,
+    PageRequest, Payload, Result, TenantId, TraceContext,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -31,11 +31,33 @@ use crate::error::{decode, from_sqlx};
 /// least 1,000.
 const LATEST_KEYS_PER_STATEMENT: usize = 1000;
 
-/// The attempt columns every read returns, from `attempts AS a`, plus the event's data from
-/// `events AS e`.
+/// The attempt columns every read returns, from `attempts AS a`, plus the event's data and
+/// trace context from `events AS e`.
 const ATTEMPT_COLUMNS: &str = "a.tenant_id, a.attempt_id, a.event_id, a.destination_id, a.number, \
      a.attempt_time, a.status, a.trigger, a.response_code, a.duration_ms, a.response_body, \
-     a.error, a.event_topic, e.data";
+     a.error, a.event_topic, e.data, e.traceparent, e.tracestate";
+
+/// The event columns every read returns (`event_from_row`).
+pub(crate) const EVENT_COLUMNS: &str =
+    "tenant_id, event_id, topic, event_time, data, traceparent, tracestate";
+
+/// The event arrays `bind_events` binds, from parameter `$first`, as `unnest(…)`'s arguments.
+pub(crate) fn event_arrays(first: usize) -> String {
+    [
+        "text",
+        "text",
+        "text",
+        "timestamptz",
+        "text",
+        "text",
+        "text",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, ty)| format!("${}::{ty}[]", first + i))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
 
 /// `INSERT INTO {s}.{table}` of the thirteen attempt columns (`bind_attempts`), unnested from
 /// parameters `$first`…, with `tail` after (the log's skips attempt ids it has). The log's
@@ -85,11 +107,11 @@ struct Statements {
 impl Statements {
     fn new(s: &str) -> Self {
         let insert_events = format!(
-            "INSERT INTO {s}.events (tenant_id, event_id, topic, event_time, data)
-             SELECT tenant_id, event_id, topic, event_time, data::json
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[])
-                  AS u(tenant_id, event_id, topic, event_time, data)
-             ON CONFLICT (tenant_id, event_id) DO NOTHING"
+            "INSERT INTO {s}.events ({EVENT_COLUMNS})
+             SELECT tenant_id, event_id, topic, event_time, data::json, traceparent, tracestate
+             FROM unnest({}) AS u({EVENT_COLUMNS})
+             ON CONFLICT (tenant_id, event_id) DO NOTHING",
+            event_arrays(1)
         );
         let attempts_from = |p: usize| {
             insert_attempts_into(
@@ -101,7 +123,7 @@ impl Statements {
         };
         // Both tables in one statement: one round trip and one commit per batch, and the
         // attempts never become visible without their events.
-        let insert_both = format!("WITH new_events AS ({insert_events}) {}", attempts_from(6));
+        let insert_both = format!("WITH new_events AS ({insert_events}) {}", attempts_from(8));
         let attempts_join = format!(
             "LEFT JOIN {s}.events AS e ON e.tenant_id = a.tenant_id AND e.event_id = a.event_id"
         );
@@ -109,11 +131,11 @@ impl Statements {
             insert_attempts: attempts_from(1),
             insert_both,
             get_event: format!(
-                "SELECT tenant_id, event_id, topic, event_time, data FROM {s}.events
-                 WHERE tenant_id = $1 AND event_id = $2"
+                "SELECT {EVENT_COLUMNS} FROM {s}.events WHERE tenant_id = $1 AND event_id = $2"
             ),
             get_events: format!(
-                "SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data
+                "SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data, e.traceparent,
+                        e.tracestate
                  FROM unnest($1::text[], $2::text[]) AS k(tenant_id, event_id)
                  JOIN {s}.events AS e ON e.tenant_id = k.tenant_id AND e.event_id = k.event_id"
             ),
@@ -303,7 +325,20 @@ pub(crate) fn event_from_row(row: &PgRow) -> Result<Event> {
         topic: get(row, "topic")?,
         time: get_time(row, "event_time")?,
         data: Payload::new(data.0),
+        trace: trace_from_row(row)?,
     })
+}
+
+/// The `traceparent` and `tracestate` columns as the event's trace context.
+fn trace_from_row(row: &PgRow) -> Result<Option<TraceContext>> {
+    let parent: Option<String> = get(row, "traceparent")?;
+    let state: Option<String> = get(row, "tracestate")?;
+    parent
+        .map(|parent| {
+            TraceContext::new(&parent, state.as_deref())
+                .map_err(|e| decode("reading a trace context", e))
+        })
+        .transpose()
 }
 
 pub(crate) fn attempt_from_row(row: &PgRow) -> Result<Attempt> {
@@ -332,6 +367,7 @@ pub(crate) fn attempt_from_row(row: &PgRow) -> Result<Attempt> {
         error: get(row, "error")?,
         event_topic: get(row, "event_topic")?,
         event_data: Payload::new(data.map_or(serde_json::Value::Null, |d| d.0)),
+        event_trace: trace_from_row(row)?,
     })
 }
 
@@ -351,7 +387,7 @@ pub(crate) fn dedupe_sorted<'a, T, K: Ord>(
     keyed.into_iter().map(|(_, _, r)| r).collect()
 }
 
-/// Binds the five event columns.
+/// Binds the seven event columns (`event_arrays`).
 pub(crate) fn bind_events<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     events: &[&'q Event],
@@ -376,7 +412,19 @@ pub(crate) fn bind_events<'q>(
                 .map(|e| e.time.as_datetime())
                 .collect::<Vec<_>>(),
         )
-        .bind(data))
+        .bind(data)
+        .bind(
+            events
+                .iter()
+                .map(|e| e.trace.as_ref().map(TraceContext::traceparent))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.trace.as_ref().and_then(TraceContext::tracestate))
+                .collect::<Vec<_>>(),
+        ))
 }
 
 /// Binds the thirteen attempt columns.
@@ -513,7 +561,7 @@ impl LogStore for PostgresLogStore {
         // statement with a plan fitted to it (a generic `$n IS NULL OR …` plan would not use
         // the topic index).
         let mut q = QueryBuilder::<Postgres>::new(format!(
-            "SELECT tenant_id, event_id, topic, event_time, data FROM {s}.events WHERE tenant_id = "
+            "SELECT {EVENT_COLUMNS} FROM {s}.events WHERE tenant_id = "
         ));
         q.push_bind(tenant.as_str());
         if let Some(topic) = &filter.topic {

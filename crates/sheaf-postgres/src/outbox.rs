@@ -31,8 +31,8 @@ use sqlx::{Postgres, Transaction};
 use crate::db::{Db, get, get_opt_time, get_time, micros, planned_each_time};
 use crate::error::from_sqlx;
 use crate::log::{
-    PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted, event_from_row,
-    events_by_key, insert_attempts_into,
+    EVENT_COLUMNS, PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted,
+    event_arrays, event_from_row, events_by_key, insert_attempts_into,
 };
 use crate::queue::{JOB_COLUMNS, PostgresJobQueue, bind_jobs};
 
@@ -58,9 +58,8 @@ struct Statements {
 
 impl Statements {
     fn new(s: &str, layout: OutboxLayout, log: &PostgresLogStore) -> Self {
-        // Events in $1..$5 (bind_events), jobs in $6..$12 (bind_jobs).
-        let events = "unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[])
-                      AS e(tenant_id, event_id, topic, event_time, data)";
+        // Events in $1..$7 (bind_events), jobs in $8..$14 (bind_jobs).
+        let events = format!("unnest({}) AS e({EVENT_COLUMNS})", event_arrays(1));
         let new_keys = match layout {
             OutboxLayout::Shipped => format!(
                 "INSERT INTO {s}.accepted_events (tenant_id, event_id, accepted_at)
@@ -69,8 +68,10 @@ impl Statements {
                  RETURNING tenant_id, event_id"
             ),
             OutboxLayout::InTheLog => format!(
-                "INSERT INTO {s}.events (tenant_id, event_id, topic, event_time, data)
-                 SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json FROM {events}
+                "INSERT INTO {s}.events ({EVENT_COLUMNS})
+                 SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json,
+                        e.traceparent, e.tracestate
+                 FROM {events}
                  ON CONFLICT (tenant_id, event_id) DO NOTHING
                  RETURNING tenant_id, event_id"
             ),
@@ -78,8 +79,9 @@ impl Statements {
         let payloads = match layout {
             OutboxLayout::Shipped => format!(
                 ", payloads AS (
-                     INSERT INTO {s}.outbox_events (tenant_id, event_id, topic, event_time, data)
-                     SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json
+                     INSERT INTO {s}.outbox_events ({EVENT_COLUMNS})
+                     SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json,
+                            e.traceparent, e.tracestate
                      FROM {events}
                      JOIN new USING (tenant_id, event_id)
                      ORDER BY e.tenant_id, e.event_id
@@ -88,7 +90,7 @@ impl Statements {
             OutboxLayout::InTheLog => String::new(),
         };
         // Only the new events' jobs, and never an id that is dead-lettered (as `enqueue`). The
-        // first $13 of them that are due are inserted leased for $14 microseconds (the lease
+        // first $15 of them that are due are inserted leased for $16 microseconds (the lease
         // offer): a running count over the due ones, in id order. The answer is one row per new
         // key and one per leased job.
         let accept = format!(
@@ -98,11 +100,11 @@ impl Statements {
                         j.last_attempt_time, j.next_due_at,
                         CASE WHEN j.next_due_at <= now()
                                   AND count(*) FILTER (WHERE j.next_due_at <= now())
-                                          OVER (ORDER BY j.id) <= $13
-                             THEN now() + $14::bigint * interval '1 microsecond'
+                                          OVER (ORDER BY j.id) <= $15
+                             THEN now() + $16::bigint * interval '1 microsecond'
                         END
-                 FROM unnest($6::uuid[], $7::text[], $8::text[], $9::uuid[],
-                             $10::bigint[], $11::timestamptz[], $12::timestamptz[])
+                 FROM unnest($8::uuid[], $9::text[], $10::text[], $11::uuid[],
+                             $12::bigint[], $13::timestamptz[], $14::timestamptz[])
                       AS j(id, tenant_id, event_id, destination_id, attempt_number,
                            last_attempt_time, next_due_at)
                  JOIN new USING (tenant_id, event_id)
@@ -129,7 +131,8 @@ impl Statements {
             accept,
             insert_attempts,
             get_events: format!(
-                "SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data
+                "SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data, e.traceparent,
+                        e.tracestate
                  FROM unnest($1::text[], $2::text[]) AS k(tenant_id, event_id)
                  JOIN {s}.{event_table} AS e
                    ON e.tenant_id = k.tenant_id AND e.event_id = k.event_id"
@@ -144,7 +147,7 @@ impl Statements {
                 "DELETE FROM {s}.outbox_events
                  WHERE seq = ANY (ARRAY(SELECT seq FROM {s}.outbox_events ORDER BY seq LIMIT $1
                                         FOR UPDATE SKIP LOCKED))
-                 RETURNING seq, tenant_id, event_id, topic, event_time, data"
+                 RETURNING seq, {EVENT_COLUMNS}"
             ),
             take_attempts: format!(
                 "DELETE FROM {s}.outbox_attempts AS a
@@ -153,7 +156,8 @@ impl Statements {
                  RETURNING a.seq, a.tenant_id, a.attempt_id, a.event_id, a.destination_id,
                            a.number, a.attempt_time, a.status, a.trigger, a.response_code,
                            a.duration_ms, a.response_body, a.error, a.event_topic,
-                           NULL::json AS data"
+                           NULL::json AS data, NULL::text AS traceparent,
+                           NULL::text AS tracestate"
             ),
             // Bounded per call, so a long-expired backlog is pruned in steps that each hold
             // their locks for a short time.

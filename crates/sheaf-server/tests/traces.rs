@@ -1,7 +1,8 @@
 //! OpenTelemetry traces from the real binary, received by an OTLP/HTTP collector in the test
 //! (protobuf decoded with `opentelemetry-proto`): one trace from a publish's `traceparent` to
 //! its deliveries, the coalesced write and lookup spans linked with their callers, the
-//! `traceparent` on webhooks, and no exporter without `SHEAF_OTLP_ENDPOINT`.
+//! `traceparent` on webhooks, a retry by another process joining the publish's trace through
+//! the context stored with the event, and no exporter without `SHEAF_OTLP_ENDPOINT`.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -248,6 +249,144 @@ async fn one_trace_runs_from_a_publish_to_its_deliveries_and_batches_are_linked(
     );
 }
 
+/// Process A takes a traced publish on the Postgres queue and fails its first delivery (the
+/// receiver is down), then stops; process B, which never saw the publish, delivers the retry.
+/// B's attempt span joins the publish's trace as the publish span's child, through the context
+/// stored with the event and carried in its attempt. `log_store` picks where the log lives:
+/// Postgres (the log tables are the outbox) or ClickHouse (the shipper carries the context).
+async fn a_retry_in_another_process_joins_the_publish_trace(log_store: &[(&str, &str)]) {
+    let collector = Collector::start().await;
+    // Down for the first attempt only.
+    let receiver = Receiver::builder()
+        .failing(Failing::ForAfterFirst(Duration::from_millis(500)))
+        .start()
+        .await
+        .unwrap();
+    let endpoint = collector.url();
+    let mut env = vec![
+        ("SHEAF_OTLP_ENDPOINT", endpoint.as_str()),
+        ("SHEAF_QUEUE", "postgres"),
+        ("SHEAF_RETRY_SCHEDULE", "3s"),
+        ("SHEAF_RETRY_JITTER_PERCENT", "0"),
+        ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "true"),
+        ("SHEAF_QUEUE_POLL_INTERVAL", "50ms"),
+        ("SHEAF_LOG_SHIP_INTERVAL", "100ms"),
+    ];
+    env.extend_from_slice(log_store);
+
+    let a = spawn_sheaf(&env).await;
+    Client::new(a.addr)
+        .tenant_with_destination("acme", &receiver.url())
+        .await;
+    let trace = "5eaf00000000000000000000000000b0";
+    let answer = reqwest::Client::new()
+        .post(a.url("/api/v1/publish"))
+        .header("traceparent", format!("00-{trace}-feed0000000000b0-01"))
+        .header("content-type", "application/json")
+        .body(
+            json!({"tenant_id": "acme", "topic": "order.created", "id": "elsewhere", "data": {}})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 202, "{}", answer.text().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while receiver.deliveries().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(receiver.requests(), (1, 1), "A's first attempt was refused");
+    // The graceful stop settles the failed attempt and its retry; the retry is not due yet.
+    stop_clean(a).await;
+
+    let b = spawn_sheaf(&env).await;
+    assert!(
+        receiver
+            .delivers_all(&["elsewhere".to_owned()], Duration::from_secs(30))
+            .await,
+        "B delivers the retry"
+    );
+    // The event API shows the stored context (the log store may receive the event a ship
+    // interval late).
+    let client = Client::new(b.addr);
+    let mut event = client.get("/api/v1/tenants/acme/events/elsewhere").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while event.status != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        event = client.get("/api/v1/tenants/acme/events/elsewhere").await;
+    }
+    assert_eq!(event.status, 200, "{:?}", event.body);
+    stop_clean(b).await;
+
+    let spans = collector.spans();
+    let in_trace = |name: &str| -> Vec<&Span> {
+        spans
+            .iter()
+            .filter(|s| s.name == name && hex(&s.trace_id) == trace)
+            .collect()
+    };
+    let publishes = in_trace("publish");
+    assert_eq!(publishes.len(), 1, "one publish span in the trace");
+    let deliveries = in_trace("deliver");
+    let attempt = |n: &str| {
+        deliveries
+            .iter()
+            .find(|d| attribute(d, "attempt").as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("attempt {n}'s span is in the publish's trace: {spans:#?}"))
+    };
+    for n in ["1", "2"] {
+        assert_eq!(
+            attempt(n).parent_span_id,
+            publishes[0].span_id,
+            "attempt {n}'s span is the publish's child"
+        );
+    }
+    assert_eq!(
+        attribute(attempt("2"), "http.response.status_code").as_deref(),
+        Some("200"),
+        "the retry is B's successful attempt"
+    );
+    // And the retry's webhook names B's attempt span.
+    assert_eq!(
+        event.body["trace"],
+        json!({"traceparent": format!("00-{trace}-{}-01", hex(&publishes[0].span_id))}),
+        "the event keeps its publish span's context"
+    );
+    let retry = receiver.deliveries().pop().expect("the retry's request");
+    assert_eq!(
+        retry.header("traceparent"),
+        format!("00-{trace}-{}-01", hex(&attempt("2").span_id))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_another_process_joins_the_publish_trace_with_the_postgres_log() {
+    let postgres = sheaf_testenv::require_postgres!("retry_elsewhere_joins_the_trace_pg");
+    let schema = sheaf_testenv::unique_name("trc");
+    a_retry_in_another_process_joins_the_publish_trace(&[
+        ("SHEAF_LOG_STORE", "postgres"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_another_process_joins_the_publish_trace_with_the_clickhouse_log() {
+    let postgres = sheaf_testenv::require_postgres!("retry_elsewhere_joins_the_trace_ch");
+    let clickhouse = sheaf_testenv::require_clickhouse!("retry_elsewhere_joins_the_trace_ch");
+    let schema = sheaf_testenv::unique_name("trc");
+    let database = sheaf_testenv::unique_name("trc");
+    a_retry_in_another_process_joins_the_publish_trace(&[
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", clickhouse.as_str()),
+        ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
+    ])
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_endpoint_nothing_is_exported_and_webhooks_carry_no_traceparent() {
     let collector = Collector::start().await;
@@ -284,6 +423,13 @@ async fn without_an_endpoint_nothing_is_exported_and_webhooks_carry_no_tracepare
         receiver
             .delivers_all(&["untraced".to_owned()], Duration::from_secs(30))
             .await
+    );
+    let event = client.get("/api/v1/tenants/acme/events/untraced").await;
+    assert_eq!(event.status, 200, "{:?}", event.body);
+    assert!(
+        event.body.get("trace").is_none(),
+        "no context is stored without tracing: {:?}",
+        event.body
     );
     let started = Instant::now();
     stop_clean(sheaf).await;

@@ -26,6 +26,8 @@
 //!   the greatest `(time, id)` among those of that triple with `time >= attempt_time`.
 //! - **Leases** ([`queue`]): a claim is identified by `(job id, claimed_until)`; an operation with a
 //!   lease that no longer matches is reported lost and changes nothing.
+//! - **Trace context** ([`trace`]): an event keeps its publish's W3C `traceparent` (and
+//!   `tracestate`), or `None`; its attempts carry it as they carry its topic and data.
 //! - **Errors**: one [`Error`] enum, `Clone`, whose [`ErrorKind`]s the suites assert on.
 //!
 //! This crate has no driver dependency: backends live in their own crates.
@@ -39,6 +41,7 @@ pub mod outbox;
 pub mod page;
 pub mod queue;
 mod time;
+pub mod trace;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -64,3 +67,4 @@ pub use queue::{
     Reschedule, validate_job, validate_lease,
 };
 pub use time::{Timestamp, truncate_to_micros};
+pub use trace::TraceContext;

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     AttemptId, DestinationId, Error, EventId, Page, PageRequest, Result, TenantId, Timestamp,
+    TraceContext,
 };
 
 /// Longest accepted topic, in bytes.
@@ -105,9 +106,31 @@ pub struct Event {
     pub time: Timestamp,
     /// The JSON body delivered to destinations.
     pub data: Payload,
+    /// The trace context of the publish that made it, when that publish was traced: its
+    /// deliveries' spans join that trace (see [`TraceContext`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 impl Event {
+    /// An event without a trace context.
+    pub fn new(
+        tenant_id: TenantId,
+        id: EventId,
+        topic: impl Into<String>,
+        time: Timestamp,
+        data: Payload,
+    ) -> Self {
+        Event {
+            tenant_id,
+            id,
+            topic: topic.into(),
+            time,
+            data,
+            trace: None,
+        }
+    }
+
     /// The `(tenant, id)` pair that identifies this event.
     pub fn key(&self) -> EventKey {
         EventKey {
@@ -194,11 +217,12 @@ impl std::str::FromStr for AttemptTrigger {
 
 /// One delivery attempt of one event to one destination.
 ///
-/// It carries its event's topic and data, so that the latest-attempt lookup of a retry returns
-/// everything needed to deliver again without a second read (in ClickHouse the payload lives in
-/// the attempt row). A backend may instead read them from the stored event, because the
-/// service guarantees, and the suites only generate histories where, an attempt's event is
-/// inserted (in the same or an earlier `insert_many`) with the same topic and data.
+/// It carries its event's topic, data and trace context, so that the latest-attempt lookup of a
+/// retry returns everything needed to deliver again without a second read (in ClickHouse the
+/// payload lives in the attempt row). A backend may instead read them from the stored event,
+/// because the service guarantees, and the suites only generate histories where, an attempt's
+/// event is inserted (in the same or an earlier `insert_many`) with the same topic, data and
+/// trace context.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
     /// The tenant of the event and destination.
@@ -229,6 +253,9 @@ pub struct Attempt {
     pub event_topic: String,
     /// The event's data.
     pub event_data: Payload,
+    /// The event's trace context ([`Event::trace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_trace: Option<TraceContext>,
 }
 
 impl Attempt {

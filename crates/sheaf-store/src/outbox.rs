@@ -113,8 +113,8 @@ pub trait Shipment: Send {
     fn events(&self) -> &[Event];
     /// The attempts taken, oldest first, each with its event's topic. An outbox may keep no
     /// copy of an attempt's payload (its event's is already stored once): then `event_data` is
-    /// JSON `null`, and the shipper puts the payload back before writing to a log store that
-    /// wants it in the attempt row.
+    /// JSON `null` and `event_trace` is `None`, and the shipper puts both back from the event
+    /// before writing to a log store that wants them in the attempt row.
     fn attempts(&self) -> &[Attempt];
     /// Moves the records out (for the write) and leaves the shipment empty; committing or
     /// dropping it still removes or gives back the records it took.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rand::Rng as _;
 use sheaf_store::{
-    Attempt, AttemptId, AttemptStatus, AttemptTrigger, ClaimedJob, DeadLetterRequest, EventKey,
-    Payload, Reschedule, Timestamp,
+    Attempt, AttemptId, AttemptStatus, AttemptTrigger, ClaimedJob, DeadLetterRequest, Destination,
+    EventKey, Job, Payload, Reschedule, Timestamp, TraceContext,
 };
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -25,7 +25,7 @@ use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{AttemptResult, DeliveryOutcome, Metrics};
 use crate::state::pacer::Admission;
-use crate::state::trace::{record_ids, trace_headers};
+use crate::state::trace::{continue_stored, continue_trace, record_ids, trace_headers};
 use sheaf_destination::{Message, Report as Delivered, Verdict};
 
 /// The dead-letter reason of a job whose destination was disabled when its turn came (at
@@ -57,10 +57,12 @@ pub(super) async fn run(
         };
         let Some(dispatched) = next else { break };
         let span = attempt_span(&core, &dispatched).await;
+        // Traced, but the publish's context comes with the payload: the span is made then.
+        let span_later = core.traces.is_some() && span.is_none();
         let outcome = tokio::select! {
             biased;
             () = abort.cancelled() => break,
-            outcome = handle(&core, dispatched).instrument(span) => outcome,
+            outcome = handle(&core, dispatched, span_later).instrument(span) => outcome,
         };
         if let Some(outcome) = outcome
             && outcomes.send(outcome).await.is_err()
@@ -70,15 +72,43 @@ pub(super) async fn run(
     }
 }
 
-/// The span of one job's turn, while spans are exported: a child of its publish's span when
-/// this process still has that context (`state::trace`), else the root of a trace of its own.
-/// Its lookups link to the batches that answered them.
+/// The span of one job's turn, while spans are exported and this process still has its
+/// publish's context in memory (`state::trace`): a child of the publish's span, made before the
+/// payload is read, so its lookups link to the batches that answered them. Otherwise none yet:
+/// [`stored_attempt_span`] makes it once the payload brings the context stored with the event.
 async fn attempt_span(core: &Core, dispatched: &Dispatched) -> tracing::Span {
     let Some(traces) = &core.traces else {
         return tracing::Span::none();
     };
     let job = &dispatched.claimed.job;
-    let span = tracing::info_span!(
+    let key = EventKey {
+        tenant_id: job.tenant_id.clone(),
+        event_id: job.event_id.clone(),
+    };
+    let Some(publish) = traces.context_of(&key).await else {
+        return tracing::Span::none();
+    };
+    let span = new_attempt_span(job);
+    continue_trace(&span, publish);
+    record_ids(&span);
+    span
+}
+
+/// The span of a turn whose publish's context this process did not have: a child of the
+/// context stored with the event, if it has one, else the root of a trace of its own. It starts
+/// after the payload was read (a span's parent is fixed once it has been entered), so the
+/// payload's lookups are not linked to it.
+fn stored_attempt_span(job: &Job, stored: Option<&TraceContext>) -> tracing::Span {
+    let span = new_attempt_span(job);
+    if let Some(stored) = stored {
+        continue_stored(&span, stored);
+    }
+    record_ids(&span);
+    span
+}
+
+fn new_attempt_span(job: &Job) -> tracing::Span {
+    tracing::info_span!(
         parent: None,
         "deliver",
         tenant_id = %job.tenant_id,
@@ -91,14 +121,7 @@ async fn attempt_span(core: &Core, dispatched: &Dispatched) -> tracing::Span {
         trace_id = tracing::field::Empty,
         span_id = tracing::field::Empty,
         otel.kind = "client",
-    );
-    let key = EventKey {
-        tenant_id: job.tenant_id.clone(),
-        event_id: job.event_id.clone(),
-    };
-    traces.continue_in(&key, &span).await;
-    record_ids(&span);
-    span
+    )
 }
 
 /// How long after a retry's previous attempt its lookup may still miss it because it is not
@@ -147,9 +170,14 @@ fn paced(core: &Core, claimed: &ClaimedJob, wait: Duration) -> Outcome {
     })
 }
 
-/// The payload a job delivers, or the outcome that ends its turn without a delivery.
+/// The payload a job delivers (with its publish's trace context), or the outcome that ends its
+/// turn without a delivery.
 enum Resolved {
-    Deliver { topic: String, data: Payload },
+    Deliver {
+        topic: String,
+        data: Payload,
+        trace: Option<TraceContext>,
+    },
     Done(Outcome),
 }
 
@@ -165,6 +193,7 @@ async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
         return Resolved::Deliver {
             topic: event.topic,
             data: event.data,
+            trace: event.trace,
         };
     }
     Metrics::inc(&core.metrics.fresh_cache_misses);
@@ -178,6 +207,7 @@ async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
             Resolved::Deliver {
                 topic: event.topic,
                 data: event.data,
+                trace: event.trace,
             }
         }
         Ok(None) => {
@@ -230,6 +260,7 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
                 Resolved::Deliver {
                     topic: latest.event_topic,
                     data: latest.event_data,
+                    trace: latest.event_trace,
                 }
             }
         }
@@ -246,8 +277,9 @@ fn logged_by_now(time: Timestamp) -> bool {
 }
 
 /// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
-/// the attempt when an outbox records it together with the outcome.
-async fn handle(core: &Core, dispatched: Dispatched) -> Option<Turn> {
+/// the attempt when an outbox records it together with the outcome. `span_later`: the turn's
+/// span is made once the payload is read (see [`stored_attempt_span`]).
+async fn handle(core: &Core, dispatched: Dispatched, span_later: bool) -> Option<Turn> {
     let mut claimed = dispatched.claimed;
     let lease = core.config.queue_lease;
     if dispatched.claimed_at.elapsed() > lease / 2 {
@@ -310,11 +342,29 @@ async fn handle(core: &Core, dispatched: Dispatched) -> Option<Turn> {
     } else {
         resolve_retry(core, &claimed).await
     };
-    let (topic, data) = match resolved {
-        Resolved::Deliver { topic, data } => (topic, data),
+    let (topic, data, trace) = match resolved {
+        Resolved::Deliver { topic, data, trace } => (topic, data, trace),
         Resolved::Done(outcome) => return Some(outcome.into()),
     };
+    let span = span_later.then(|| stored_attempt_span(&job, trace.as_ref()));
+    let delivery = deliver(core, claimed, destination, manual, topic, data, trace);
+    match span {
+        Some(span) => delivery.instrument(span).await,
+        None => delivery.await,
+    }
+}
 
+/// The turn's delivery of its resolved payload: the attempt, its outcome and its report.
+async fn deliver(
+    core: &Core,
+    claimed: ClaimedJob,
+    destination: Destination,
+    manual: bool,
+    topic: String,
+    data: Payload,
+    event_trace: Option<TraceContext>,
+) -> Option<Turn> {
+    let job = claimed.job.clone();
     let body = serde_json::to_vec(data.value()).unwrap_or_else(|_| b"null".to_vec());
     let now = Timestamp::now();
     let span = tracing::Span::current();
@@ -395,6 +445,7 @@ async fn handle(core: &Core, dispatched: Dispatched) -> Option<Turn> {
         error: delivered.error.clone(),
         event_topic: topic,
         event_data: data,
+        event_trace,
     };
     let result = if delivered.succeeded() {
         Ok(())

@@ -353,7 +353,16 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "id": { "type": "string" },
                 "topic": { "type": "string" },
                 "time": timestamp,
-                "data": {}
+                "data": {},
+                "trace": {
+                    "type": "object",
+                    "description": "The W3C trace context of the publish, when it was traced: the trace its deliveries join.",
+                    "required": ["traceparent"],
+                    "properties": {
+                        "traceparent": { "type": "string" },
+                        "tracestate": { "type": "string" }
+                    }
+                }
             }
         },
         "EventPage": page("Event"),

@@ -43,7 +43,7 @@ use tracing::Instrument as _;
 
 use sheaf_store::{
     AttemptKey, Destination, Event, EventId, EventKey, Intake, Job, Payload, TenantId, Timestamp,
-    validate_topic,
+    TraceContext, validate_topic,
 };
 
 pub use crate::ingest::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
@@ -53,6 +53,7 @@ use crate::state::intake::{IntakeCommit, IntakeRecord};
 use crate::state::jobs::delivery_job_id;
 use crate::state::log_access::LogRecord;
 use crate::state::metrics::Metrics;
+use crate::state::trace::publish_context;
 
 /// Why a publish or a manual retry did not go through. The HTTP layer answers each kind with
 /// its status; the CDC source logs it and tries again.
@@ -194,7 +195,9 @@ async fn publish_in_span(
         return Err(PublishError::UnknownTenant(tenant_id.as_str().to_owned()));
     }
     core.admission.check()?;
-    // Before anything can deliver them: the deliveries' spans continue this publish's trace.
+    // Stored with each event, so that every delivery continues this publish's trace; and kept
+    // in memory before anything can deliver them, for this process's deliveries (state::trace).
+    let trace = core.traces.as_ref().and_then(|_| publish_context());
     if let Some(traces) = &core.traces {
         for event in &events {
             traces
@@ -206,7 +209,7 @@ async fn publish_in_span(
         }
     }
     if let Some(intake) = &core.intake {
-        return publish_durably(core, intake, tenant_id, &entry.destinations, events).await;
+        return publish_durably(core, intake, tenant_id, &entry.destinations, events, trace).await;
     }
     let key_of = |id: &EventId| EventKey {
         tenant_id: tenant_id.clone(),
@@ -272,6 +275,7 @@ async fn publish_in_span(
                     topic: e.topic,
                     time: now,
                     data: e.data,
+                    trace: trace.clone(),
                 },
             )
         })
@@ -340,6 +344,7 @@ async fn publish_durably(
     tenant_id: &TenantId,
     destinations: &[Destination],
     events: Vec<NewEvent>,
+    trace: Option<TraceContext>,
 ) -> Result<Vec<Published>, PublishError> {
     let now = Timestamp::now();
     let mut results: Vec<Option<Published>> = vec![None; events.len()];
@@ -353,6 +358,7 @@ async fn publish_durably(
             topic: new.topic,
             time: now,
             data: new.data,
+            trace: trace.clone(),
         };
         // Repeated within the call, or accepted recently by this process: known already.
         if !seen.insert(event.id.clone()) || core.accepted.contains_key(&event.key()) {

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sheaf_store::{Attempt, Event, EventKey, Outbox, Payload, Timestamp};
+use sheaf_store::{Attempt, Event, EventKey, Outbox, Timestamp};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -138,17 +138,18 @@ async fn ship_once(core: &Core, outbox: &dyn Outbox, max: usize) -> anyhow::Resu
     Ok(event_count + attempt_count >= max)
 }
 
-/// Puts back the payload of attempts the outbox kept without one: from the events shipped with
-/// them, else from this process's fresh-event cache, else through the coalesced event read
-/// (the outbox, then the log store). An event found nowhere (gone from the log store by
-/// retention) leaves its attempts without payload, as a log store without the event would.
+/// Puts back the payload (and trace context) of attempts the outbox kept without one: from the
+/// events shipped with them, else from this process's fresh-event cache, else through the
+/// coalesced event read (the outbox, then the log store). An event found nowhere (gone from the
+/// log store by retention) leaves its attempts without payload, as a log store without the
+/// event would.
 async fn restore_payloads(
     core: &Core,
     events: &[Event],
     attempts: &mut [Attempt],
 ) -> anyhow::Result<()> {
     let shipped: HashMap<EventKey, &Event> = events.iter().map(|e| (e.key(), e)).collect();
-    let mut missing: HashMap<EventKey, Option<Payload>> = HashMap::new();
+    let mut missing: HashMap<EventKey, Option<Event>> = HashMap::new();
     for attempt in attempts.iter().filter(|a| a.event_data.value().is_null()) {
         let key = EventKey {
             tenant_id: attempt.tenant_id.clone(),
@@ -158,9 +159,9 @@ async fn restore_payloads(
             missing.insert(key, None);
         }
     }
-    for (key, payload) in missing.iter_mut() {
+    for (key, found) in missing.iter_mut() {
         if let Some(event) = core.fresh.get(key).await {
-            *payload = Some(event.data);
+            *found = Some(event);
         }
     }
     let unknown: Vec<EventKey> = missing
@@ -172,7 +173,7 @@ async fn restore_payloads(
         futures::future::join_all(unknown.iter().map(|k| core.events.lookup(k.clone()))).await;
     for (key, found) in unknown.into_iter().zip(read) {
         if let Some(event) = found? {
-            missing.insert(key, Some(event.data));
+            missing.insert(key, Some(event));
         }
     }
     for attempt in attempts
@@ -183,10 +184,13 @@ async fn restore_payloads(
             tenant_id: attempt.tenant_id.clone(),
             event_id: attempt.event_id.clone(),
         };
-        if let Some(event) = shipped.get(&key) {
+        let event = shipped
+            .get(&key)
+            .copied()
+            .or(missing.get(&key).and_then(Option::as_ref));
+        if let Some(event) = event {
             attempt.event_data = event.data.clone();
-        } else if let Some(Some(payload)) = missing.get(&key) {
-            attempt.event_data = payload.clone();
+            attempt.event_trace = event.trace.clone();
         }
     }
     Ok(())

@@ -799,7 +799,7 @@ pub const OTLP_ENDPOINT: Setting = setting(
     "SHEAF_OTLP_ENDPOINT",
     None,
     Kind::Text("`http(s)://host:port` of an OTLP/HTTP collector"),
-    "Where OpenTelemetry traces are sent, over OTLP/HTTP with protobuf bodies (to `<endpoint>/v1/traces`, as `OTEL_EXPORTER_OTLP_ENDPOINT` would): a span per API request and publish, per group commit and coalesced log write or lookup (linked from every publish or delivery it served), per delivery attempt and per CDC batch, and a `traceparent` header on every webhook. Unset: no spans are exported and nothing is kept for them.",
+    "Where OpenTelemetry traces are sent, over OTLP/HTTP with protobuf bodies (to `<endpoint>/v1/traces`, as `OTEL_EXPORTER_OTLP_ENDPOINT` would): a span per API request and publish, per group commit and coalesced log write or lookup (linked from every publish or delivery it served), per delivery attempt and per CDC batch, and a `traceparent` header on every webhook. A publish's trace context is stored with its events, so their deliveries join its trace in any process, also after a restart. Unset: no spans are exported and nothing is stored or kept for them.",
 );
 
 /// `SHEAF_OTLP_SAMPLE_PERCENT`.

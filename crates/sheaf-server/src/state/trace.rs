@@ -1,14 +1,25 @@
 //! Trace context, W3C `traceparent` (with `SHEAF_OTLP_ENDPOINT` set): read from a publish's
-//! request, kept for the events it published, and written into every webhook attempt.
+//! request, stored with the events it published, and written into every webhook attempt.
 //!
-//! A delivery runs long after its publish, in a worker, so its span cannot simply be a child
-//! of the request's. The publish's context is kept in [`EventTraces`] under the event's key, in
-//! this process's memory and bounded like the fresh-event cache, and the attempt's span is made
-//! its child. A delivery made by another process sharing the queue, or after the context was
-//! evicted or the process restarted, starts a trace of its own: the context is not stored with
-//! the event.
+//! A delivery runs long after its publish, in a worker, maybe in another process or after a
+//! restart, so its span cannot simply be a child of the request's. The publish's context goes
+//! two ways:
 //!
-//! Without an endpoint nothing here runs: [`EventTraces`] is absent and no span is exported.
+//! - **With the event** ([`publish_context`]): the publish span's `traceparent` (and
+//!   `tracestate`) is stored with each event it published, in every log store and outbox, and
+//!   travels with the payload: in the fresh-event cache, through the coalesced event reads, and
+//!   in each attempt, where a retry's latest-attempt lookup finds it. So a delivery by any
+//!   process sharing the queue, first or retry, after a restart or hours later, continues the
+//!   publish's trace, at no extra query. Its span starts once the payload is read
+//!   ([`continue_stored`]): a span's parent is fixed once it has been entered, so the lookups
+//!   that read the payload are not linked to that span.
+//! - **In this process's memory** ([`EventTraces`], bounded like the fresh-event cache, for 15
+//!   minutes): the process that took the publish knows the context before it reads the payload,
+//!   so its deliveries' spans are made first and the coalesced lookups link to them.
+//!
+//! Without an endpoint nothing here runs: [`EventTraces`] is absent, no context is stored (an
+//! event's is `None`) and no span is exported. A context stored by a traced process is still
+//! carried along by an untraced one, as the event's topic is.
 
 use std::time::Duration;
 
@@ -17,14 +28,15 @@ use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use reqwest::header::{HeaderMap, HeaderName};
-use sheaf_store::EventKey;
+use sheaf_store::{EventKey, TraceContext};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// Contexts are dropped after this long even if the cache has room: a delivery that late is a
-/// retry hours later, which is better shown as a trace of its own.
+/// retry, which finds the context stored with its event anyway.
 const KEEP_FOR: Duration = Duration::from_secs(15 * 60);
 
-/// The trace contexts of events published by this process, for their deliveries' spans.
+/// The trace contexts of events published by this process, so their deliveries' spans can be
+/// made before the payload is read.
 #[derive(Debug, Clone)]
 pub struct EventTraces {
     contexts: Cache<EventKey, opentelemetry::Context>,
@@ -50,11 +62,40 @@ impl EventTraces {
         }
     }
 
-    /// Makes `span` a child of the context kept for `key`, if one is.
-    pub async fn continue_in(&self, key: &EventKey, span: &tracing::Span) {
-        if let Some(context) = self.contexts.get(key).await {
-            let _ = span.set_parent(context);
-        }
+    /// The context kept for `key`, if one is.
+    pub async fn context_of(&self, key: &EventKey) -> Option<opentelemetry::Context> {
+        self.contexts.get(key).await
+    }
+}
+
+/// The current span's context as it is stored with the events of a publish, when the span
+/// belongs to a trace (`None` while nothing is exported: the span is disabled). A `tracestate`
+/// too long to store is left out; the `traceparent` alone still joins the trace.
+pub fn publish_context() -> Option<TraceContext> {
+    let headers = trace_headers(&tracing::Span::current());
+    let value = |name: &str| {
+        headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let parent = value("traceparent")?;
+    TraceContext::new(parent, value("tracestate"))
+        .or_else(|_| TraceContext::new(parent, None))
+        .ok()
+}
+
+/// Makes `span` a child of `context` (a kept publish context), before it is first entered.
+pub fn continue_trace(span: &tracing::Span, context: opentelemetry::Context) {
+    let _ = span.set_parent(context);
+}
+
+/// Makes `span` a child of the publish context stored with an event, before it is first
+/// entered; an invalid one changes nothing.
+pub fn continue_stored(span: &tracing::Span, stored: &TraceContext) {
+    let context = TraceContextPropagator::new().extract(&Stored(stored));
+    if context.span().span_context().is_valid() {
+        let _ = span.set_parent(context);
     }
 }
 
@@ -99,6 +140,22 @@ impl Extractor for Headers<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct Stored<'a>(&'a TraceContext);
+
+impl Extractor for Stored<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            "traceparent" => Some(self.0.traceparent()),
+            "tracestate" => self.0.tracestate(),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
     }
 }
 

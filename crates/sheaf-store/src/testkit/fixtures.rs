@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::{
     Attempt, AttemptStatus, AttemptTrigger, Destination, DestinationId, DestinationKind, Event,
-    EventId, Job, JobId, Payload, Secret, TenantId, Timestamp, Topics,
+    EventId, Job, JobId, Payload, Secret, TenantId, Timestamp, Topics, TraceContext,
 };
 
 /// A tenant id no other run has used: `<label>-<12 random hex digits>`, the label cut so the id
@@ -54,16 +54,32 @@ pub fn payload(tenant: &TenantId, id: &EventId) -> Payload {
 /// An event with a [`payload`] naming it.
 pub fn event(tenant: &TenantId, id: &str, topic: &str, time: Timestamp) -> Event {
     let id = event_id(id);
-    Event {
-        tenant_id: tenant.clone(),
-        data: payload(tenant, &id),
-        id,
-        topic: topic.to_owned(),
+    Event::new(
+        tenant.clone(),
+        id.clone(),
+        topic,
         time,
+        payload(tenant, &id),
+    )
+}
+
+/// A valid trace context, distinct for each `n`; odd `n` have a `tracestate` too.
+pub fn trace_context(n: usize) -> TraceContext {
+    let traceparent = format!("00-5eaf{n:028x}-feed{n:012x}-01");
+    let tracestate = (n % 2 == 1).then(|| format!("sheaf=t{n},other=x"));
+    TraceContext::new(&traceparent, tracestate.as_deref()).expect("test contexts are valid")
+}
+
+/// [`event`], published traced: it carries [`trace_context`]`(n)`.
+pub fn traced_event(tenant: &TenantId, id: &str, topic: &str, time: Timestamp, n: usize) -> Event {
+    Event {
+        trace: Some(trace_context(n)),
+        ..event(tenant, id, topic, time)
     }
 }
 
-/// A failed scheduled attempt of `event` to `destination`, carrying the event's topic and data.
+/// A failed scheduled attempt of `event` to `destination`, carrying the event's topic, data and
+/// trace context.
 pub fn attempt(event: &Event, destination: DestinationId, time: Timestamp) -> Attempt {
     Attempt {
         tenant_id: event.tenant_id.clone(),
@@ -80,6 +96,7 @@ pub fn attempt(event: &Event, destination: DestinationId, time: Timestamp) -> At
         error: None,
         event_topic: event.topic.clone(),
         event_data: event.data.clone(),
+        event_trace: event.trace.clone(),
     }
 }
 

@@ -433,6 +433,9 @@ fn build(ctx: &RunContext, scenario: &Scenario) -> Built {
                     topic: format!("parity.topic{e}"),
                     time: ctx.base,
                     data: Payload::new(json!({"tenant": t, "event": e, "check": check})),
+                    // Half the events were published traced: the context rides along.
+                    trace: (e % 2 == 0)
+                        .then(|| crate::testkit::fixtures::trace_context(t * EVENTS + e)),
                 })
                 .collect()
         })
@@ -470,6 +473,7 @@ fn build(ctx: &RunContext, scenario: &Scenario) -> Built {
             error: None,
             event_topic: event.topic.clone(),
             event_data: event.data.clone(),
+            event_trace: event.trace.clone(),
         };
         for &call in &spec.copies {
             inserts[call].1.push(attempt.clone());

@@ -41,6 +41,7 @@ pub async fn run_log_store(store: &dyn LogStore) {
             log::insert_many_is_idempotent,
             log::get_events_returns_only_stored_keys,
             log::records_round_trip_exactly,
+            log::trace_contexts_round_trip,
             log::list_events_orders_newest_first_and_filters,
             log::list_attempts_orders_newest_first_and_filters,
             log::pagination_visits_every_item_once,
@@ -91,6 +92,7 @@ pub async fn run_outbox(stores: outbox::Stores<'_>) {
             outbox::accept_leases_new_due_jobs,
             outbox::settle_records_attempts_with_outcomes,
             outbox::shipments_hand_over_each_record_once,
+            outbox::trace_contexts_travel_with_events,
             outbox::pruned_keys_are_accepted_again,
         ]
     );

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::assert_kind;
-use crate::testkit::fixtures::{attempt, event, unique_tenant};
+use crate::testkit::fixtures::{attempt, event, trace_context, unique_tenant};
 use crate::{
     AttemptKey, DeadLetterRequest, DestinationId, ErrorKind, Event, EventKey, Intake, Job,
     JobQueue, LeaseOffer, LogStore, Outbox, Reschedule, Settlement, TenantId, Timestamp,
@@ -332,6 +332,7 @@ pub async fn settle_records_attempts_with_outcomes(stores: Stores<'_>) {
             let mut expected = made.clone();
             if a.event_data.value().is_null() {
                 expected.event_data = a.event_data.clone();
+                expected.event_trace = None;
             }
             assert_eq!(a, &expected, "{case}: an attempt ships as it was made");
         }
@@ -480,4 +481,94 @@ pub async fn pruned_keys_are_accepted_again(stores: Stores<'_>) {
         assert_eq!(again, vec![true], "{case}: new again after its window");
     }
     ship_all(stores).await;
+}
+
+/// A traced publish's context is kept with its event in the outbox: its event reads return it,
+/// it ships with the event, and the attempts settled for it, shipped or in the log, carry it
+/// (or, shipped without their payload, leave it out as they leave the payload out).
+pub async fn trace_contexts_travel_with_events(stores: Stores<'_>) {
+    let case = "trace_contexts_travel_with_events";
+    assert_idle(stores.queue, case).await;
+    ship_all(stores).await;
+    let tenant = unique_tenant("outbox-trace");
+    let d = DestinationId::generate();
+    let mut traced = intake(&tenant, "evt-traced", &[d]);
+    traced.event.trace = Some(trace_context(7));
+    let mut stateless = intake(&tenant, "evt-stateless", &[d]);
+    stateless.event.trace = Some(trace_context(8));
+    let untraced = intake(&tenant, "evt-untraced", &[d]);
+    let intakes = [traced, stateless, untraced];
+    let events: Vec<Event> = intakes.iter().map(|i| i.event.clone()).collect();
+    stores.outbox.accept(&intakes).await.expect("accept");
+
+    let keys: Vec<EventKey> = events.iter().map(Event::key).collect();
+    let waiting = stores.outbox.get_events(&keys).await.expect("get_events");
+    for e in &events {
+        assert_eq!(
+            waiting.get(&e.key()),
+            Some(e),
+            "{case}: {} as accepted",
+            e.id
+        );
+    }
+    let claimed = stores.queue.claim(10, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 3, "{case}: one job per event");
+    let now = Timestamp::now();
+    let attempts: Vec<crate::Attempt> = claimed
+        .iter()
+        .map(|c| {
+            let event = events
+                .iter()
+                .find(|e| e.id == c.job.event_id)
+                .expect("its event");
+            attempt(event, d, now)
+        })
+        .collect();
+    let settlement = Settlement {
+        attempts: attempts.clone(),
+        complete: claimed.iter().map(|c| c.lease).collect(),
+        ..Settlement::default()
+    };
+    assert!(
+        stores
+            .outbox
+            .settle(&settlement)
+            .await
+            .expect("settle")
+            .is_empty()
+    );
+
+    if !stores.outbox.is_log() {
+        let (shipped_events, shipped_attempts) = ship_all(stores).await;
+        for e in &events {
+            let shipped = shipped_events.iter().find(|s| s.id == e.id);
+            assert_eq!(shipped, Some(e), "{case}: {} ships with its context", e.id);
+        }
+        for a in &shipped_attempts {
+            let made = attempts.iter().find(|m| m.id == a.id).expect("made");
+            if a.event_data.value().is_null() {
+                assert_eq!(a.event_trace, None, "{case}: left out with the payload");
+            } else {
+                assert_eq!(a.event_trace, made.event_trace, "{case}: shipped as made");
+            }
+        }
+    }
+    for e in &events {
+        let logged = stores
+            .log
+            .get_event(&tenant, &e.id)
+            .await
+            .expect("get_event");
+        assert_eq!(logged.as_ref(), Some(e), "{case}: {} in the log", e.id);
+    }
+    for a in &attempts {
+        let latest = stores.log.latest_attempt(&a.key()).await.expect("latest");
+        assert_eq!(
+            latest.as_ref().map(|l| &l.event_trace),
+            Some(&a.event_trace),
+            "{case}: the logged attempt of {} carries its event's context",
+            a.event_id
+        );
+    }
+    stores.queue.purge_tenant(&tenant).await.expect("purge");
 }

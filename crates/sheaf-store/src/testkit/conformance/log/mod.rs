@@ -20,6 +20,7 @@ pub use listings::{
 };
 pub use records::{
     get_events_returns_only_stored_keys, insert_many_is_idempotent, records_round_trip_exactly,
+    trace_contexts_round_trip,
 };
 
 use std::collections::{HashMap, HashSet};
@@ -28,7 +29,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::assert_kind;
-use crate::testkit::fixtures::{ago, attempt, event, event_id, shift, unique_tenant};
+use crate::testkit::fixtures::{ago, attempt, event, event_id, shift, traced_event, unique_tenant};
 use crate::testkit::model;
 use crate::{
     Attempt, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger, Cursor,

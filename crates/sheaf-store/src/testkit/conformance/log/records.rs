@@ -230,3 +230,83 @@ pub async fn records_round_trip_exactly(store: &dyn LogStore) {
         None
     );
 }
+
+/// A publish's trace context comes back with its event from every read, and with each of its
+/// attempts (as their topic and data do), also through the batched lookups; an untraced event
+/// and its attempts have none.
+pub async fn trace_contexts_round_trip(store: &dyn LogStore) {
+    let tenant = unique_tenant("log-trace");
+    let t = base_time();
+    let with_state = traced_event(&tenant, "with-state", "order.created", t, 1);
+    let without_state = traced_event(&tenant, "without-state", "order.created", shift(t, 1), 2);
+    let untraced = event(&tenant, "untraced", "order.created", shift(t, 2));
+    assert!(
+        with_state
+            .trace
+            .as_ref()
+            .is_some_and(|c| c.tracestate().is_some())
+    );
+    assert!(
+        without_state
+            .trace
+            .as_ref()
+            .is_some_and(|c| c.tracestate().is_none())
+    );
+    let events = [with_state.clone(), without_state.clone(), untraced.clone()];
+    let attempts: Vec<Attempt> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| attempt(e, DestinationId::generate(), shift(t, SECOND + i as i64)))
+        .collect();
+    // Events first, attempts in a later call: each read finds the context however it was written.
+    insert(store, &events, &[]).await;
+    insert(store, &[], &attempts).await;
+
+    for e in &events {
+        let got = store.get_event(&tenant, &e.id).await.expect("get_event");
+        assert_eq!(
+            got.as_ref().map(|g| &g.trace),
+            Some(&e.trace),
+            "get_event {}",
+            e.id
+        );
+    }
+    let keys: Vec<EventKey> = events.iter().map(Event::key).collect();
+    let found = store.get_events(&keys).await.expect("get_events");
+    for e in &events {
+        assert_eq!(found.get(&e.key()), Some(e), "get_events {}", e.id);
+    }
+    let listed = all_events(store, &tenant, &EventFilter::default(), 2).await;
+    assert_eq!(
+        listed,
+        vec![untraced, without_state, with_state],
+        "list_events"
+    );
+
+    for a in &attempts {
+        let got = store
+            .get_attempt(&tenant, &a.id)
+            .await
+            .expect("get_attempt");
+        assert_eq!(got.as_ref(), Some(a), "get_attempt {}", a.event_id);
+        let latest = store
+            .latest_attempt(&a.key())
+            .await
+            .expect("latest_attempt");
+        assert_eq!(latest.as_ref(), Some(a), "latest_attempt {}", a.event_id);
+    }
+    let keys: Vec<AttemptKey> = attempts.iter().map(Attempt::key).collect();
+    let latest = store.latest_attempts(&keys).await.expect("latest_attempts");
+    for a in &attempts {
+        assert_eq!(
+            latest.get(&a.key()),
+            Some(a),
+            "latest_attempts {}",
+            a.event_id
+        );
+    }
+    let listed = all_attempts(store, &tenant, &AttemptFilter::default(), 2).await;
+    let mut expected = attempts.clone();
+    expected.reverse();
+    assert_eq!(listed, expected, "list_attempts");
+}
