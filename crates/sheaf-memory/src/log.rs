@@ -393,14 +393,7 @@ impl LogState {
     /// the age indexes, so retention cannot reach them. An event the log does not have is left
     /// alone (its job will find nothing to deliver, which the service reports as an error).
     fn hold(&mut self, tenant_id: &str, event_id: &str) {
-        let Some(tenant) = self.tenants.get_mut(tenant_id) else {
-            return;
-        };
-        let Some((id, _)) = tenant.events.get_key_value(event_id) else {
-            return;
-        };
-        let id = Arc::clone(id);
-        let Some(event) = tenant.events.get_mut(event_id) else {
+        let Some((tenant, id, event)) = stored_event(&mut self.tenants, tenant_id, event_id) else {
             return;
         };
         event.holds += 1;
@@ -408,11 +401,11 @@ impl LogState {
             return;
         }
         self.events_by_age
-            .remove(&(event.time, Arc::clone(&tenant.name), id));
+            .remove(&(event.time, Arc::clone(&tenant), id));
         for &(_, time, attempt) in &event.attempts {
             if self
                 .attempts_by_age
-                .remove(&(time, Arc::clone(&tenant.name), attempt))
+                .remove(&(time, Arc::clone(&tenant), attempt))
             {
                 self.held_attempts += 1;
             }
@@ -425,14 +418,7 @@ impl LogState {
     /// attempts go back into the age indexes with their own times, and retention treats them
     /// like any other record from then on.
     fn release(&mut self, tenant_id: &str, event_id: &str) {
-        let Some(tenant) = self.tenants.get_mut(tenant_id) else {
-            return;
-        };
-        let Some((id, _)) = tenant.events.get_key_value(event_id) else {
-            return;
-        };
-        let id = Arc::clone(id);
-        let Some(event) = tenant.events.get_mut(event_id) else {
+        let Some((tenant, id, event)) = stored_event(&mut self.tenants, tenant_id, event_id) else {
             return;
         };
         if event.holds == 0 {
@@ -443,10 +429,10 @@ impl LogState {
             return;
         }
         self.events_by_age
-            .insert((event.time, Arc::clone(&tenant.name), id));
+            .insert((event.time, Arc::clone(&tenant), id));
         for &(_, time, attempt) in &event.attempts {
             self.attempts_by_age
-                .insert((time, Arc::clone(&tenant.name), attempt));
+                .insert((time, Arc::clone(&tenant), attempt));
         }
         self.held_attempts -= event.attempts.len();
         self.pending.events -= 1;
@@ -550,6 +536,19 @@ impl LogState {
             None => Ok(None),
         }
     }
+}
+
+/// The stored event `(tenant_id, event_id)` with its tenant's shared name and its own shared id,
+/// the keys it has in the store-wide age indexes.
+fn stored_event<'a>(
+    tenants: &'a mut HashMap<Arc<str>, TenantLog>,
+    tenant_id: &str,
+    event_id: &str,
+) -> Option<(Arc<str>, Arc<str>, &'a mut StoredEvent)> {
+    let tenant = tenants.get_mut(tenant_id)?;
+    let id = Arc::clone(tenant.events.get_key_value(event_id)?.0);
+    let event = tenant.events.get_mut(event_id)?;
+    Some((Arc::clone(&tenant.name), id, event))
 }
 
 /// Walks `index` newest first, starting strictly after the cursor position, keeping the records
