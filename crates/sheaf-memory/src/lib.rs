@@ -4,6 +4,7 @@
 //! - [`MemoryLogStore`]: events and attempts, bounded by [`LogRetention`] (age and count).
 //! - [`MemoryJobQueue`]: the delivery queue with leases, dead letters bounded by [`QueueLimits`].
 //! - [`MemoryEntityStore`]: tenants and destinations.
+//! - [`MemoryReplayStore`]: bulk replays' progress and leases.
 //!
 //! Each is one lock (`parking_lot`) around plain maps and ordered indexes. Every method takes the
 //! lock, does its work without awaiting anything, and lets go: a lock is never held across an
@@ -17,7 +18,9 @@
 mod entity;
 mod log;
 mod queue;
+mod replay;
 
 pub use entity::MemoryEntityStore;
 pub use log::{LogRetention, MemoryLogStore};
 pub use queue::{MemoryJobQueue, QueueLimits};
+pub use replay::MemoryReplayStore;

@@ -67,6 +67,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "destination_config",
         sql: include_str!("../migrations/0008_destination_config.sql"),
     },
+    Migration {
+        version: 9,
+        name: "replays",
+        sql: include_str!("../migrations/0009_replays.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -4,6 +4,8 @@
 //!   batched latest-attempt lookup that retries coming due together share.
 //! - [`JobQueue`]: minimal job rows with leases instead of held transactions and savepoints.
 //! - [`EntityStore`]: tenants and destinations.
+//! - [`ReplayStore`]: bulk replays' progress and ownership, so any process reads a replay and
+//!   another resumes it when its owner stops.
 //!
 //! The traits are object-safe (`#[async_trait]`, `Send + Sync + 'static`) because the service
 //! picks backends at run time: `Arc<dyn LogStore>` is the currency. Each method's documentation
@@ -38,6 +40,7 @@ pub mod log;
 pub mod outbox;
 pub mod page;
 pub mod queue;
+pub mod replay;
 mod time;
 
 #[cfg(feature = "testkit")]
@@ -62,5 +65,9 @@ pub use page::{Cursor, MAX_PAGE_LIMIT, Page, PageRequest};
 pub use queue::{
     ClaimedJob, DeadLetter, DeadLetterRequest, Job, JobQueue, Lease, QueueDepth, Renewed,
     Reschedule, validate_job, validate_lease,
+};
+pub use replay::{
+    NewReplay, Replay, ReplayLease, ReplayProgress, ReplaySaved, ReplayState, ReplayStep,
+    ReplayStore, validate_replay_step,
 };
 pub use time::{Timestamp, truncate_to_micros};
