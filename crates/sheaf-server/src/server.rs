@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::delivery::Engine;
 use crate::health::{HealthTask, ensure_operator_destination};
 use crate::ingest::cdc::CdcRunner;
+use crate::ingest::replay::ReplayKeeper;
 use crate::ingest::shipper::Shipper;
 use crate::settings::Config;
 use crate::state::{Core, Migrate, Stores};
@@ -31,6 +32,8 @@ pub struct Running {
     shipper: Option<Shipper>,
     /// `None` without automatic disabling and operator events.
     health: Option<HealthTask>,
+    /// Resumes replays other processes stopped running; stops this process's replays.
+    replays: ReplayKeeper,
 }
 
 /// Connects the configured stores (migrating database schemas) and starts the service.
@@ -62,6 +65,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         None
     };
     let shipper = Shipper::start(&core);
+    let replays = ReplayKeeper::start(&core);
     let cdc = core
         .config
         .cdc
@@ -83,6 +87,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         cdc,
         shipper,
         health,
+        replays,
     })
 }
 
@@ -91,7 +96,8 @@ impl Running {
     /// accepted publish is durable) while the CDC source stops reading, finishes the publishes
     /// under way, acknowledges them and reports its position; then the engine stops claiming,
     /// finishes in-flight deliveries up to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted
-    /// claims, then the completer, the log shipper and the write coalescer flush.
+    /// claims, then the completer, the log shipper and the write coalescer flush. Bulk replays
+    /// stop at their next page boundary and are released for another process to resume.
     pub async fn shutdown(self) {
         let deadline = self.core.config.shutdown_timeout;
         self.stop_http.cancel();
@@ -109,6 +115,9 @@ impl Running {
             Ok(Err(err)) => tracing::warn!(error = %err, "http server task failed"),
             Err(_) => tracing::warn!("http requests did not finish within {deadline:?}"),
         }
+        // Replays stop at a page boundary and are released, so another process resumes them
+        // at once; their last enqueues reach the queue before the engine stops.
+        self.replays.shutdown(deadline).await;
         if let Some(engine) = self.engine {
             engine.shutdown(deadline).await;
         }

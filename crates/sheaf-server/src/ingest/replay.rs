@@ -1,5 +1,6 @@
 //! Bulk replay: one new manual delivery for every (event, destination) of a tenant that matches a
-//! filter, in pages, never one query per event.
+//! filter, in pages, never one query per event; its progress in the shared `ReplayStore`, so any
+//! process reads it and another resumes it when the process running it stops.
 //!
 //! The source depends on `status`:
 //!
@@ -13,28 +14,65 @@
 //!   and 1 enqueue per page.
 //!
 //! A match whose destination is gone or disabled is skipped (and counted). The new deliveries
-//! are manual jobs, exactly as `POST …/retry` makes: their first attempt is marked `manual`, and
-//! it supersedes any automatic retry still pending. A replay's window is at most
-//! [`MAX_WINDOW`], and it makes at most [`MAX_JOBS`] deliveries; the rest of a larger match is
-//! left for another call with a narrower window (`limited` says so).
+//! are manual jobs, as `POST …/retry` makes: their first attempt is marked `manual`, and it
+//! supersedes any automatic retry still pending. A replay's window is at most [`MAX_WINDOW`],
+//! it takes only what was there when it started (the window ends at its start at the latest),
+//! and it makes at most [`MAX_JOBS`] deliveries; the rest of a larger match is left for another
+//! call with a narrower window (`limited` says so).
+//!
+//! # Ownership and resuming
+//!
+//! The process that starts a replay owns it by a lease (`SHEAF_QUEUE_LEASE`, on the replay
+//! store's clock) and stores its progress after every page, counters and the cursor of the
+//! next page in one write that also renews the lease. [`ReplayKeeper`], one task per process,
+//! takes over replays whose lease ran out (their owner died or lost the database) or that were
+//! released (their owner shut down), and resumes each from its stored cursor; it also deletes
+//! finished replays after [`KEPT_FOR`].
+//!
+//! A resume re-reads the page that was in flight when the owner stopped: its jobs may already
+//! be enqueued, some even delivered. What keeps that from delivering twice:
+//!
+//! - a replay's job ids are derived from the replay and the (event, destination) pair
+//!   ([`replay_job_id`]), so enqueueing a job still waiting, claimed or dead-lettered is a
+//!   no-op for the queue;
+//! - a dead letter leaves the list once its page's jobs are enqueued, so a page whose removal
+//!   was stored is not listed again;
+//! - a job that already finished is gone from the queue, so the resumed replay asks the log:
+//!   a pair whose latest attempt was made since the replay started and is manual (or a later
+//!   retry of one) was delivered by this replay, and is counted, not enqueued. One batched
+//!   latest-attempt lookup per page after a takeover (the one `failed` makes anyway).
+//!
+//! What a resume can still repeat: a delivery whose job finished but whose attempt the log
+//! store does not show yet (with the ClickHouse log store, an attempt waits in the outbox
+//! until the shipper moves it, normally under a second), or whose attempt time, on the
+//! delivering process's clock, is before the replay's start on the store's clock (clocks more
+//! than the time to the first delivery apart). Two processes can also both run a replay for a
+//! moment when its owner stalls mid-page past its lease; each page the stalled one still
+//! enqueues is one more such window. A resume never skips a match that was not delivered, and
+//! never delivers one twice through the queue.
 
-use std::collections::HashSet;
-use std::sync::{Arc, PoisonError};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::json;
 use sheaf_store::{
-    AttemptFilter, AttemptKey, AttemptStatus, DestinationId, EventKey, Job, JobId, PageRequest,
-    TenantId, TimeRange, Timestamp,
+    Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Cursor, DeadLetter,
+    DestinationId, EventId, EventKey, Job, NewReplay, PageRequest, Replay, ReplayLease,
+    ReplayProgress, ReplaySaved, ReplayStep, TenantId, TimeRange, Timestamp,
 };
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::ingest::PublishError;
 use crate::state::Core;
+use crate::state::backoff::Backoff;
 use crate::state::entities::TenantEntry;
+use crate::state::jobs::replay_job_id;
 use crate::state::metrics::Metrics;
-use crate::state::replays::{ReplayProgress, ReplayState, SharedProgress};
+use crate::state::replays::{KEPT_FOR, ReplayView};
 
 /// Items read per page of the source.
 pub const PAGE: u32 = 1_000;
@@ -47,6 +85,17 @@ pub const MAX_JOBS: u64 = 100_000;
 
 /// How long `POST …/replay` waits for the replay to finish before it answers with its progress.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// How often [`ReplayKeeper`] looks for replays to take over and finished ones to delete: the
+/// queue's housekeeping period, so a replay resumes within a lease and two seconds.
+const KEEPER_EVERY: Duration = Duration::from_secs(2);
+
+/// Replays one keeper round takes over at most; the rest wait for the next round (or another
+/// process), so one process does not take every orphan at once.
+const TAKE_AT_MOST: usize = 4;
+
+/// Finished replays one keeper round deletes at most.
+const DELETE_AT_MOST: usize = 1_000;
 
 /// The body of `POST /api/v1/tenants/{tenant_id}/replay`.
 #[derive(Debug, Deserialize)]
@@ -79,7 +128,21 @@ struct Selection {
     destination: Option<DestinationId>,
     topic: Option<String>,
     source: Source,
+    status: String,
     window: TimeRange,
+}
+
+impl Selection {
+    /// The request as stored with the replay: what a process that resumes it checks again.
+    fn normalized(&self) -> serde_json::Value {
+        json!({
+            "destination_id": self.destination,
+            "topic": self.topic,
+            "status": self.status,
+            "since": self.window.since,
+            "until": self.window.until,
+        })
+    }
 }
 
 fn check(request: &ReplayRequest) -> Result<Selection, PublishError> {
@@ -117,6 +180,7 @@ fn check(request: &ReplayRequest) -> Result<Selection, PublishError> {
         destination,
         topic: request.topic.clone(),
         source,
+        status: request.status.clone(),
         window: TimeRange {
             since: Some(since),
             until: Some(until),
@@ -124,13 +188,13 @@ fn check(request: &ReplayRequest) -> Result<Selection, PublishError> {
     })
 }
 
-/// Checks the request, registers the replay and starts it; waits up to [`ANSWER_WITHIN`] for
-/// it and returns its progress then (finished, or still running).
+/// Checks the request, stores the replay (owned by this process) and starts it; waits up to
+/// [`ANSWER_WITHIN`] for it and returns its progress as stored then (finished, or running).
 pub async fn start_replay(
     core: &Arc<Core>,
     tenant: &TenantId,
     request: ReplayRequest,
-) -> Result<ReplayProgress, PublishError> {
+) -> Result<ReplayView, PublishError> {
     let selection = check(&request)?;
     let entry = core.entities.get(tenant).await?;
     if entry.tenant.is_none() {
@@ -143,150 +207,391 @@ pub async fn start_replay(
             "destination {d} does not exist"
         )));
     }
-    let progress = core
+    if core.replays.stopping() {
+        return Err(PublishError::Unavailable(
+            "this process is shutting down; start the replay on another".to_owned(),
+        ));
+    }
+    let new = NewReplay {
+        id: Uuid::now_v7(),
+        tenant_id: tenant.clone(),
+        request: selection.normalized(),
+    };
+    let (replay, lease) = core
+        .stores
         .replays
-        .insert(ReplayProgress {
-            replay_id: Uuid::now_v7(),
-            tenant_id: tenant.clone(),
-            request: json!({
-                "destination_id": selection.destination,
-                "topic": selection.topic,
-                "status": request.status,
-                "since": selection.window.since,
-                "until": selection.window.until,
-            }),
-            state: ReplayState::Running,
-            pages: 0,
-            jobs: 0,
-            dead_letters_removed: 0,
-            skipped: 0,
-            limited: false,
-            log_store_queries: 0,
-            queue_queries: 0,
-            error: None,
-            started_at: Timestamp::now(),
-            finished_at: None,
-        })
-        .await;
-    let task = tokio::spawn(run(
-        Arc::clone(core),
-        tenant.clone(),
-        entry,
-        selection,
-        Arc::clone(&progress),
-    ));
+        .create_replay(&new, core.process_id, core.config.queue_lease)
+        .await?;
+    let task = spawn_runner(core, replay, lease);
     let _ = tokio::time::timeout(ANSWER_WITHIN, task).await;
-    Ok(snapshot(&progress))
+    let stored = core
+        .stores
+        .replays
+        .get_replay(tenant, new.id)
+        .await?
+        .ok_or_else(|| PublishError::Internal(format!("replay {} vanished", new.id)))?;
+    Ok(stored.into())
 }
 
-fn snapshot(progress: &SharedProgress) -> ReplayProgress {
-    progress
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+/// Runs a replay this process holds `lease` on, tracked by `core.replays`.
+fn spawn_runner(core: &Arc<Core>, replay: Replay, lease: ReplayLease) -> JoinHandle<()> {
+    let runner_core = Arc::clone(core);
+    core.replays
+        .spawn(move |stop| run(runner_core, replay, lease, stop))
 }
 
-fn update(progress: &SharedProgress, change: impl FnOnce(&mut ReplayProgress)) {
-    change(&mut progress.lock().unwrap_or_else(PoisonError::into_inner));
-}
-
-async fn run(
+/// The task that resumes other processes' replays and deletes finished ones: one per process.
+#[derive(Debug)]
+pub struct ReplayKeeper {
     core: Arc<Core>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl ReplayKeeper {
+    /// Starts the keeper; its first round runs at once, so a restarted process resumes what
+    /// its previous life left as soon as the leases allow.
+    pub fn start(core: &Arc<Core>) -> Self {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(keep(Arc::clone(core), stop.clone()));
+        ReplayKeeper {
+            core: Arc::clone(core),
+            stop,
+            task,
+        }
+    }
+
+    /// Stops taking replays over, then stops this process's replays at their next page
+    /// boundary and releases them (another process resumes them at once), for at most
+    /// `deadline`.
+    pub async fn shutdown(self, deadline: Duration) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.core.replays.shutdown(deadline).await;
+    }
+}
+
+async fn keep(core: Arc<Core>, stop: CancellationToken) {
+    let mut first = true;
+    loop {
+        if !first {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(KEEPER_EVERY) => {}
+            }
+        }
+        first = false;
+        if core.replays.stopping() {
+            break;
+        }
+        match core
+            .stores
+            .replays
+            .take_over_replays(core.process_id, core.config.queue_lease, TAKE_AT_MOST)
+            .await
+        {
+            Ok(taken) => {
+                for (replay, lease) in taken {
+                    tracing::info!(tenant = %replay.tenant_id, replay = %replay.id,
+                        pages = replay.progress.pages, takeovers = replay.takeovers,
+                        "resuming a replay its owner stopped running");
+                    drop(spawn_runner(&core, replay, lease));
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "looking for replays to resume failed; trying again later"),
+        }
+        let before = Timestamp::now().saturating_sub(KEPT_FOR);
+        if let Err(err) = core
+            .stores
+            .replays
+            .delete_finished_replays(before, DELETE_AT_MOST)
+            .await
+        {
+            tracing::warn!(error = %err, "deleting old replays failed; trying again later");
+        }
+    }
+}
+
+async fn run(core: Arc<Core>, replay: Replay, lease: ReplayLease, stop: CancellationToken) {
+    let mut runner = match Runner::prepare(Arc::clone(&core), &replay).await {
+        Ok(runner) => runner,
+        Err(error) => {
+            // Nothing was read: the stored progress is still the replay's.
+            let runner_progress = replay.progress.clone();
+            let step = ReplayStep::Fail { error };
+            let saved = save(&core, &lease, &runner_progress, &step, Instant::now()).await;
+            tracing::warn!(replay = %replay.id, ?saved, ?step, "a replay could not start");
+            return;
+        }
+    };
+    runner.drive(lease, stop).await;
+}
+
+/// Stores `progress` and `step` under `lease`, trying again while the lease may still hold
+/// (it was last renewed by a save that began at `renewed_at`). `None` when it could not: the
+/// caller stops, and the lease runs out for another process to take the replay over.
+async fn save(
+    core: &Core,
+    lease: &ReplayLease,
+    progress: &ReplayProgress,
+    step: &ReplayStep,
+    renewed_at: Instant,
+) -> Option<ReplaySaved> {
+    let deadline = renewed_at + core.config.queue_lease;
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        match core.stores.replays.save_replay(lease, progress, step).await {
+            Ok(saved) => return Some(saved),
+            Err(err) if Instant::now() + backoff.peek() < deadline => {
+                tracing::warn!(replay = %lease.replay_id, error = %err,
+                    "storing a replay's progress failed; trying again");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(err) => {
+                tracing::warn!(replay = %lease.replay_id, error = %err,
+                    "storing a replay's progress failed until its lease ran out; another \
+                     process takes it over");
+                return None;
+            }
+        }
+    }
+}
+
+/// What a page does with a match, judged on its pair's latest attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Enqueue a delivery.
+    Enqueue,
+    /// This replay delivered it before a takeover: count it, enqueue nothing.
+    Replayed,
+    /// `failed` only: its latest attempt is a success, nothing to replay.
+    Delivered,
+}
+
+/// One replay being run by this process.
+struct Runner {
+    core: Arc<Core>,
+    replay_id: Uuid,
     tenant: TenantId,
     entry: Arc<TenantEntry>,
     selection: Selection,
-    progress: SharedProgress,
-) {
-    let result = match selection.source {
-        Source::DeadLettered => {
-            from_dead_letters(&core, &tenant, &entry, &selection, &progress).await
+    started_at: Timestamp,
+    /// Taken over from another owner (or an earlier task): the pairs of pages read before are
+    /// not in `seen`, and the page in flight may be enqueued already, so the log says which
+    /// pairs this replay delivered.
+    resumed: bool,
+    progress: ReplayProgress,
+    /// The pairs taken so far, each replayed once: the first one seen is its latest attempt in
+    /// the window (newest first).
+    seen: HashSet<(EventId, DestinationId)>,
+}
+
+impl Runner {
+    /// Checks the stored request again and reads the tenant; the error says why the replay
+    /// cannot run.
+    async fn prepare(core: Arc<Core>, replay: &Replay) -> Result<Runner, String> {
+        let request: ReplayRequest = serde_json::from_value(replay.request.clone())
+            .map_err(|e| format!("the stored request does not parse: {e}"))?;
+        let selection = check(&request).map_err(|e| format!("the stored request: {e}"))?;
+        let entry = core
+            .entities
+            .get(&replay.tenant_id)
+            .await
+            .map_err(|e| format!("reading the tenant: {e}"))?;
+        if entry.tenant.is_none() {
+            return Err(format!("tenant {:?} does not exist", replay.tenant_id.as_str()));
         }
-        Source::Failed | Source::Any => {
-            from_attempts(&core, &tenant, &entry, &selection, &progress).await
-        }
-    };
-    update(&progress, |p| {
-        p.finished_at = Some(Timestamp::now());
-        match result {
-            Ok(()) => p.state = ReplayState::Completed,
-            Err(err) => {
-                p.state = ReplayState::Failed;
-                p.error = Some(err.to_string());
+        Ok(Runner {
+            core,
+            replay_id: replay.id,
+            tenant: replay.tenant_id.clone(),
+            entry,
+            selection,
+            started_at: replay.started_at,
+            resumed: replay.takeovers > 0,
+            progress: replay.progress.clone(),
+            seen: HashSet::new(),
+        })
+    }
+
+    /// Reads and enqueues page after page, storing the progress after each, until the source
+    /// ends, a store fails, the lease is lost or the process stops.
+    async fn drive(&mut self, mut lease: ReplayLease, stop: CancellationToken) {
+        let lease_for = self.core.config.queue_lease;
+        let mut renewed_at = Instant::now();
+        loop {
+            if stop.is_cancelled() {
+                let saved = save(&self.core, &lease, &self.progress, &ReplayStep::Release, renewed_at).await;
+                tracing::info!(replay = %self.replay_id, ?saved, "replay released at shutdown");
+                return;
+            }
+            // A page must not start on a lease that may run out under it: renew first when
+            // half of it is spent (a slow store), so another process does not take over while
+            // this one still enqueues.
+            if renewed_at.elapsed() > lease_for / 2 {
+                let began = Instant::now();
+                match save(&self.core, &lease, &self.progress, &ReplayStep::Continue { lease: lease_for }, renewed_at).await {
+                    Some(ReplaySaved::Renewed(new)) => (lease, renewed_at) = (new, began),
+                    other => {
+                        tracing::warn!(replay = %self.replay_id, saved = ?other, "replay lease lost; stopping");
+                        return;
+                    }
+                }
+            }
+            let step = match self.page().await {
+                Ok(Some(next)) if !self.progress.limited => {
+                    self.progress.position = Some(next);
+                    ReplayStep::Continue { lease: lease_for }
+                }
+                Ok(_) => ReplayStep::Complete,
+                Err(err) => ReplayStep::Fail {
+                    error: err.to_string(),
+                },
+            };
+            let began = Instant::now();
+            match save(&self.core, &lease, &self.progress, &step, renewed_at).await {
+                Some(ReplaySaved::Renewed(new)) => (lease, renewed_at) = (new, began),
+                Some(ReplaySaved::Ended) => {
+                    let p = &self.progress;
+                    tracing::info!(tenant = %self.tenant, replay = %self.replay_id, ?step,
+                        jobs = p.jobs, pages = p.pages, "replay finished");
+                    return;
+                }
+                Some(ReplaySaved::Lost) | None => {
+                    tracing::warn!(replay = %self.replay_id,
+                        "replay lease lost (another process took it over); stopping");
+                    return;
+                }
             }
         }
-    });
-    let done = snapshot(&progress);
-    tracing::info!(tenant = %tenant, replay = %done.replay_id, state = ?done.state,
-        jobs = done.jobs, pages = done.pages, "replay finished");
-}
-
-/// Whether a match's destination can receive it: it exists and is enabled.
-fn deliverable(entry: &TenantEntry, destination: &DestinationId) -> bool {
-    entry.destination(destination).is_some_and(|d| d.enabled)
-}
-
-fn manual_job(tenant: &TenantId, key: &AttemptKey, attempt_number: u32) -> Job {
-    Job {
-        id: JobId::from_uuid(Uuid::now_v7()),
-        tenant_id: tenant.clone(),
-        event_id: key.event_id.clone(),
-        destination_id: key.destination_id,
-        attempt_number,
-        last_attempt_time: None,
-        due_at: Timestamp::now(),
     }
-}
 
-/// Enqueues a page's jobs (one call), counting them against [`MAX_JOBS`]; returns how many
-/// may still follow.
-async fn enqueue(
-    core: &Core,
-    jobs: &[Job],
-    progress: &SharedProgress,
-) -> Result<(), sheaf_store::Error> {
-    if jobs.is_empty() {
-        return Ok(());
+    /// One page of the source; the cursor of the next one, `None` at the end.
+    async fn page(&mut self) -> Result<Option<Cursor>, sheaf_store::Error> {
+        let window = self.window();
+        if window.until <= window.since {
+            return Ok(None);
+        }
+        match self.selection.source {
+            Source::DeadLettered => self.dead_letter_page(window).await,
+            Source::Failed | Source::Any => self.attempt_page(window).await,
+        }
     }
-    core.stores.queue.enqueue(jobs).await?;
-    Metrics::add(&core.metrics.jobs_enqueued, jobs.len());
-    core.wake.notify_one();
-    update(progress, |p| {
-        p.queue_queries += 1;
-        p.jobs += jobs.len() as u64;
-    });
-    Ok(())
-}
 
-fn room(progress: &SharedProgress) -> u64 {
-    MAX_JOBS.saturating_sub(snapshot(progress).jobs)
-}
+    /// The requested window, ending at the replay's start at the latest: a replay takes what
+    /// was there when it started, so a resume reads the same source, without the replay's own
+    /// new attempts and dead letters.
+    fn window(&self) -> TimeRange {
+        TimeRange {
+            since: self.selection.window.since,
+            until: self.selection.window.until.map(|u| u.min(self.started_at)),
+        }
+    }
 
-async fn from_dead_letters(
-    core: &Core,
-    tenant: &TenantId,
-    entry: &TenantEntry,
-    selection: &Selection,
-    progress: &SharedProgress,
-) -> Result<(), sheaf_store::Error> {
-    let mut page = PageRequest::first(PAGE);
-    loop {
-        let listed = core.stores.queue.list_dead_letters(tenant, &page).await?;
-        update(progress, |p| {
-            p.pages += 1;
-            p.queue_queries += 1;
-        });
-        // Newest first: past the window's start, nothing older can match.
+    fn page_request(&self) -> PageRequest {
+        PageRequest {
+            limit: PAGE,
+            cursor: self.progress.position.clone(),
+        }
+    }
+
+    /// How many more deliveries this replay may make.
+    fn room(&self) -> u64 {
+        MAX_JOBS.saturating_sub(self.progress.jobs)
+    }
+
+    /// Whether a match's destination can receive it: it exists and is enabled.
+    fn deliverable(&self, destination: &DestinationId) -> bool {
+        self.entry
+            .destination(destination)
+            .is_some_and(|d| d.enabled)
+    }
+
+    fn key(&self, event: &EventId, destination: DestinationId) -> AttemptKey {
+        AttemptKey {
+            tenant_id: self.tenant.clone(),
+            event_id: event.clone(),
+            destination_id: destination,
+            attempt_time: Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    /// The latest attempt of each pair, in one batched lookup, when the page needs it: for
+    /// `failed` (a pair delivered since needs no replay) and after a takeover.
+    async fn latest_of(
+        &mut self,
+        pairs: &[(EventId, DestinationId)],
+    ) -> Result<HashMap<AttemptKey, Attempt>, sheaf_store::Error> {
+        let needed = self.resumed || self.selection.source == Source::Failed;
+        if !needed || pairs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let keys: Vec<AttemptKey> = pairs.iter().map(|(e, d)| self.key(e, *d)).collect();
+        let latest = self.core.stores.log.latest_attempts(&keys).await?;
+        self.progress.log_store_queries += 1;
+        Ok(latest)
+    }
+
+    /// What to do with a match whose replayed delivery would be attempt `number`.
+    fn verdict(&self, latest: Option<&Attempt>, number: u32) -> Verdict {
+        if self.resumed
+            && let Some(l) = latest
+            && l.time >= self.started_at
+            && (l.trigger == AttemptTrigger::Manual || l.number > number)
+        {
+            return Verdict::Replayed;
+        }
+        if self.selection.source == Source::Failed
+            && latest.is_some_and(|l| l.status == AttemptStatus::Success)
+        {
+            return Verdict::Delivered;
+        }
+        Verdict::Enqueue
+    }
+
+    fn job(&self, event: &EventId, destination: DestinationId, number: u32) -> Job {
+        Job {
+            id: replay_job_id(&self.replay_id, &self.tenant, event, &destination),
+            tenant_id: self.tenant.clone(),
+            event_id: event.clone(),
+            destination_id: destination,
+            attempt_number: number,
+            last_attempt_time: None,
+            due_at: Timestamp::now(),
+        }
+    }
+
+    /// Enqueues a page's jobs (one call) and counts them.
+    async fn enqueue(&mut self, jobs: &[Job]) -> Result<(), sheaf_store::Error> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.core.stores.queue.enqueue(jobs).await?;
+        Metrics::add(&self.core.metrics.jobs_enqueued, jobs.len());
+        self.core.wake.notify_one();
+        self.progress.queue_queries += 1;
+        self.progress.jobs += jobs.len() as u64;
+        Ok(())
+    }
+
+    /// Narrows a dead-letter page to the window, the destination and the topic (one batched
+    /// event read when a topic is asked for). Also says whether the page went past the
+    /// window's start, after which nothing older can match.
+    async fn dead_letter_matches<'a>(
+        &mut self,
+        items: &'a [DeadLetter],
+        window: TimeRange,
+    ) -> Result<(Vec<&'a DeadLetter>, bool), sheaf_store::Error> {
         let mut past_start = false;
         let mut matches = Vec::new();
-        for dead in &listed.items {
-            if !selection.window.contains(dead.dead_lettered_at) {
-                past_start |= selection
-                    .window
-                    .since
-                    .is_some_and(|since| dead.dead_lettered_at < since);
+        for dead in items {
+            if !window.contains(dead.dead_lettered_at) {
+                past_start |= window.since.is_some_and(|s| dead.dead_lettered_at < s);
                 continue;
             }
-            if selection
+            if self
+                .selection
                 .destination
                 .is_some_and(|d| d != dead.job.destination_id)
             {
@@ -294,159 +599,129 @@ async fn from_dead_letters(
             }
             matches.push(dead);
         }
-        if let Some(topic) = &selection.topic
+        if let Some(topic) = self.selection.topic.clone()
             && !matches.is_empty()
         {
-            let keys: Vec<EventKey> = matches
-                .iter()
-                .map(|d| EventKey {
-                    tenant_id: tenant.clone(),
-                    event_id: d.job.event_id.clone(),
-                })
-                .collect();
-            let events = core.stores.log.get_events(&keys).await?;
-            update(progress, |p| p.log_store_queries += 1);
-            matches.retain(|d| {
-                events
-                    .get(&EventKey {
-                        tenant_id: tenant.clone(),
-                        event_id: d.job.event_id.clone(),
-                    })
-                    .is_some_and(|e| e.topic == *topic)
-            });
+            let key = |d: &DeadLetter| EventKey {
+                tenant_id: self.tenant.clone(),
+                event_id: d.job.event_id.clone(),
+            };
+            let keys: Vec<EventKey> = matches.iter().map(|d| key(d)).collect();
+            let events = self.core.stores.log.get_events(&keys).await?;
+            matches.retain(|d| events.get(&key(d)).is_some_and(|e| e.topic == topic));
+            self.progress.log_store_queries += 1;
         }
-        let mut jobs = Vec::new();
-        let mut replayed = Vec::new();
+        Ok((matches, past_start))
+    }
+
+    async fn dead_letter_page(
+        &mut self,
+        window: TimeRange,
+    ) -> Result<Option<Cursor>, sheaf_store::Error> {
+        let page = self.page_request();
+        let queue = Arc::clone(&self.core.stores.queue);
+        let listed = queue.list_dead_letters(&self.tenant, &page).await?;
+        self.progress.pages += 1;
+        self.progress.queue_queries += 1;
+        let (matches, past_start) = self.dead_letter_matches(&listed.items, window).await?;
+        // One delivery per pair; a pair's other dead letters leave the list with it.
+        let mut remove = Vec::new();
+        let mut candidates = Vec::new();
         let mut skipped = 0;
-        let room = room(progress);
         for dead in matches {
-            if !deliverable(entry, &dead.job.destination_id) {
+            let pair = (dead.job.event_id.clone(), dead.job.destination_id);
+            if !self.deliverable(&pair.1) {
                 skipped += 1;
-                continue;
+            } else if self.seen.contains(&pair) {
+                remove.push(dead.job.id);
+            } else {
+                self.seen.insert(pair.clone());
+                candidates.push((pair, dead));
             }
-            if jobs.len() as u64 >= room {
-                update(progress, |p| p.limited = true);
+        }
+        let pairs: Vec<_> = candidates.iter().map(|(p, _)| p.clone()).collect();
+        let latest = self.latest_of(&pairs).await?;
+        let room = self.room();
+        let (mut jobs, mut replayed) = (Vec::new(), 0u64);
+        for ((event, destination), dead) in candidates {
+            if jobs.len() as u64 + replayed >= room {
+                self.progress.limited = true;
                 break;
             }
-            let key = AttemptKey {
-                tenant_id: tenant.clone(),
-                event_id: dead.job.event_id.clone(),
-                destination_id: dead.job.destination_id,
-                attempt_time: Timestamp::UNIX_EPOCH,
-            };
-            jobs.push(manual_job(
-                tenant,
-                &key,
-                dead.job.attempt_number.saturating_add(1),
-            ));
-            replayed.push(dead.job.id);
-        }
-        enqueue(core, &jobs, progress).await?;
-        if !replayed.is_empty() {
-            let removed = core
-                .stores
-                .queue
-                .remove_dead_letters(tenant, &replayed)
-                .await?;
-            update(progress, |p| {
-                p.queue_queries += 1;
-                p.dead_letters_removed += removed;
-            });
-        }
-        update(progress, |p| p.skipped += skipped);
-        match listed.next {
-            Some(next) if !past_start && !snapshot(progress).limited => {
-                page = PageRequest::after(PAGE, next);
+            let number = dead.job.attempt_number.saturating_add(1);
+            match self.verdict(latest.get(&self.key(&event, destination)), number) {
+                Verdict::Enqueue => jobs.push(self.job(&event, destination, number)),
+                Verdict::Replayed => replayed += 1,
+                Verdict::Delivered => {}
             }
-            _ => return Ok(()),
+            remove.push(dead.job.id);
         }
+        self.enqueue(&jobs).await?;
+        self.progress.jobs += replayed;
+        if !remove.is_empty() {
+            let removed = queue.remove_dead_letters(&self.tenant, &remove).await?;
+            self.progress.queue_queries += 1;
+            self.progress.dead_letters_removed += removed;
+        }
+        self.progress.skipped += skipped;
+        Ok(listed.next.filter(|_| !past_start))
     }
-}
 
-async fn from_attempts(
-    core: &Core,
-    tenant: &TenantId,
-    entry: &TenantEntry,
-    selection: &Selection,
-    progress: &SharedProgress,
-) -> Result<(), sheaf_store::Error> {
-    let filter = AttemptFilter {
-        event_id: None,
-        destination_id: selection.destination,
-        status: (selection.source == Source::Failed).then_some(AttemptStatus::Failed),
-        topic: selection.topic.clone(),
-        time: selection.window,
-    };
-    let mut seen: HashSet<(sheaf_store::EventId, DestinationId)> = HashSet::new();
-    let mut page = PageRequest::first(PAGE);
-    loop {
-        let listed = core
+    async fn attempt_page(
+        &mut self,
+        window: TimeRange,
+    ) -> Result<Option<Cursor>, sheaf_store::Error> {
+        let filter = AttemptFilter {
+            event_id: None,
+            destination_id: self.selection.destination,
+            status: (self.selection.source == Source::Failed).then_some(AttemptStatus::Failed),
+            topic: self.selection.topic.clone(),
+            time: window,
+        };
+        let page = self.page_request();
+        let listed = self
+            .core
             .stores
             .log
-            .list_attempts(tenant, &filter, &page)
+            .list_attempts(&self.tenant, &filter, &page)
             .await?;
-        update(progress, |p| {
-            p.pages += 1;
-            p.log_store_queries += 1;
-        });
+        self.progress.pages += 1;
+        self.progress.log_store_queries += 1;
         // Newest first, so the first attempt seen of a pair is its latest in the window.
         let mut fresh = Vec::new();
-        let mut skipped = 0;
         for attempt in &listed.items {
-            if !seen.insert((attempt.event_id.clone(), attempt.destination_id)) {
+            let pair = (attempt.event_id.clone(), attempt.destination_id);
+            if !self.seen.insert(pair.clone()) {
                 continue;
             }
-            if !deliverable(entry, &attempt.destination_id) {
-                skipped += 1;
+            if !self.deliverable(&pair.1) {
+                self.progress.skipped += 1;
                 continue;
             }
-            fresh.push(attempt);
+            fresh.push((pair, attempt.number));
         }
-        if selection.source == Source::Failed && !fresh.is_empty() {
-            // A pair delivered since (its latest attempt a success) needs no replay.
-            let keys: Vec<AttemptKey> = fresh
-                .iter()
-                .map(|a| AttemptKey {
-                    tenant_id: tenant.clone(),
-                    event_id: a.event_id.clone(),
-                    destination_id: a.destination_id,
-                    attempt_time: Timestamp::UNIX_EPOCH,
-                })
-                .collect();
-            let latest = core.stores.log.latest_attempts(&keys).await?;
-            update(progress, |p| p.log_store_queries += 1);
-            fresh.retain(|a| {
-                let key = AttemptKey {
-                    tenant_id: tenant.clone(),
-                    event_id: a.event_id.clone(),
-                    destination_id: a.destination_id,
-                    attempt_time: Timestamp::UNIX_EPOCH,
-                };
-                latest
-                    .get(&key)
-                    .is_none_or(|l| l.status != AttemptStatus::Success)
-            });
-        }
-        let room = room(progress);
-        let mut jobs = Vec::new();
-        for attempt in fresh {
-            if jobs.len() as u64 >= room {
-                update(progress, |p| p.limited = true);
+        let pairs: Vec<_> = fresh.iter().map(|(p, _)| p.clone()).collect();
+        let latest = self.latest_of(&pairs).await?;
+        let room = self.room();
+        let (mut jobs, mut replayed) = (Vec::new(), 0u64);
+        for ((event, destination), last_number) in fresh {
+            let number = last_number.saturating_add(1);
+            let verdict = self.verdict(latest.get(&self.key(&event, destination)), number);
+            if verdict == Verdict::Delivered {
+                continue;
+            }
+            if jobs.len() as u64 + replayed >= room {
+                self.progress.limited = true;
                 break;
             }
-            let key = AttemptKey {
-                tenant_id: tenant.clone(),
-                event_id: attempt.event_id.clone(),
-                destination_id: attempt.destination_id,
-                attempt_time: Timestamp::UNIX_EPOCH,
-            };
-            jobs.push(manual_job(tenant, &key, attempt.number.saturating_add(1)));
+            match verdict {
+                Verdict::Enqueue => jobs.push(self.job(&event, destination, number)),
+                Verdict::Replayed => replayed += 1,
+                Verdict::Delivered => {}
+            }
         }
-        enqueue(core, &jobs, progress).await?;
-        update(progress, |p| p.skipped += skipped);
-        match listed.next {
-            Some(next) if !snapshot(progress).limited => page = PageRequest::after(PAGE, next),
-            _ => return Ok(()),
-        }
+        self.enqueue(&jobs).await?;
+        self.progress.jobs += replayed;
+        Ok(listed.next)
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! The memory backends are the embedded default. Tenants and destinations follow the shared
 //! stores: they live in Postgres whenever the queue or the log store does, because several
-//! processes sharing a queue must see the same destinations.
+//! processes sharing a queue must see the same destinations. Bulk replays follow them, so that
+//! any of those processes reads a replay and another resumes it when its owner stops.
 //!
 //! With the Postgres queue, publishes and attempts become durable in a Postgres outbox beside
 //! it: the log tables themselves when the log store is Postgres too, outbox tables shipped to
@@ -13,8 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
-use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
+use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore, MemoryReplayStore};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore};
 
 use crate::settings::{Config, LogStoreKind, QueueKind};
 use sheaf_postgres::OutboxLayout;
@@ -28,7 +29,7 @@ pub enum Migrate {
     No,
 }
 
-/// The three stores the service uses, chosen at run time.
+/// The stores the service uses, chosen at run time.
 #[derive(Debug, Clone)]
 pub struct Stores {
     /// Events and attempts.
@@ -39,6 +40,8 @@ pub struct Stores {
     pub entities: Arc<dyn EntityStore>,
     /// Where publishes and attempts become durable, when the queue is in Postgres.
     pub outbox: Option<Arc<dyn Outbox>>,
+    /// Bulk replays' progress and owners.
+    pub replays: Arc<dyn ReplayStore>,
 }
 
 impl Stores {
@@ -49,6 +52,7 @@ impl Stores {
             queue: Arc::new(MemoryJobQueue::default()),
             entities: Arc::new(MemoryEntityStore::new()),
             outbox: None,
+            replays: Arc::new(MemoryReplayStore::new()),
         }
     }
 
@@ -109,20 +113,21 @@ impl Stores {
                 (Arc::clone(&pg.queue), Some(pg.stores.outbox(layout)))
             }
         };
-        let entities = match &postgres {
-            Some(pg) => Arc::clone(&pg.entities),
-            None => memory.entities,
+        let (entities, replays) = match &postgres {
+            Some(pg) => (Arc::clone(&pg.entities), pg.stores.replay_store()),
+            None => (memory.entities, memory.replays),
         };
         Ok(Self {
             log,
             queue,
             entities,
             outbox,
+            replays,
         })
     }
 }
 
-/// The Postgres stores: all three traits over one pool and one schema.
+/// The Postgres stores: every trait over one pool and one schema.
 mod postgres {
     use super::*;
     use sheaf_postgres::{PostgresConfig, PostgresStores as Stores};
