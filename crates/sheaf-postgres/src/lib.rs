@@ -83,11 +83,12 @@ impl PostgresStores {
     pub fn new(config: PostgresConfig) -> Result<Self> {
         let pool = config.pool()?;
         let db = Db::new(pool, &config.schema);
+        let queue = PostgresJobQueue::new(db.clone());
         Ok(PostgresStores {
             log: PostgresLogStore::new(db.clone()),
-            queue: PostgresJobQueue::new(db.clone()),
+            replays: PostgresReplayStore::new(db.clone(), queue.clone()),
+            queue,
             entities: PostgresEntityStore::new(db.clone()),
-            replays: PostgresReplayStore::new(db.clone()),
             schema: config.schema,
             db,
         })

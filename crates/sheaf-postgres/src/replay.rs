@@ -1,5 +1,6 @@
 //! [`PostgresReplayStore`]: bulk replays in the `replays` table (`migrations/0009_replays.sql`),
-//! each call one statement, leases on the server's clock.
+//! each call one statement, leases on the server's clock; a page's progress and its queue work
+//! (jobs, removed dead letters) in one short transaction with the queue beside it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sheaf_store::{
-    Cursor, NewReplay, Replay, ReplayLease, ReplayProgress, ReplaySaved, ReplayState, ReplayStep,
-    ReplayStore, Result, TenantId, Timestamp, validate_lease, validate_replay_step,
+    Cursor, NewReplay, Replay, ReplayLease, ReplayPage, ReplayProgress, ReplaySaved, ReplayState,
+    ReplayStep, ReplayStore, Result, TenantId, Timestamp, validate_job, validate_lease,
+    validate_replay_step,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -16,6 +18,7 @@ use uuid::Uuid;
 
 use crate::db::{Db, get, get_opt_time, get_time, micros, pg_text};
 use crate::error::{decode, from_sqlx};
+use crate::queue::PostgresJobQueue;
 
 const COLUMNS: &str = "id, tenant_id, request, state, pages, jobs, dead_letters_removed, \
      skipped, limited, log_store_queries, queue_queries, position, error, started_at, \
@@ -25,6 +28,7 @@ const COLUMNS: &str = "id, tenant_id, request, state, pages, jobs, dead_letters_
 struct Statements {
     create: String,
     get: String,
+    hold: String,
     save: String,
     take_over: String,
     delete_finished: String,
@@ -50,6 +54,13 @@ impl Statements {
                  RETURNING {COLUMNS}"
             ),
             get: format!("SELECT {COLUMNS} FROM {s}.replays WHERE tenant_id = $1 AND id = $2"),
+            // A page's transaction checks the lease first and locks the row, so nothing of the
+            // page is written under a lease that is lost, and a takeover waits for the commit.
+            hold: format!(
+                "SELECT tenant_id FROM {s}.replays
+                 WHERE id = $1 AND state = 'running' AND owner = $2 AND lease_until = $3
+                 FOR UPDATE"
+            ),
             // The lease guard is the WHERE clause: running, same owner, same lease end. $11 says
             // what follows: 'continue' (renew by $12 µs), 'release', 'completed' or 'failed'
             // (with the error, $13). `updated_at` never goes back.
@@ -101,6 +112,8 @@ impl Statements {
 pub struct PostgresReplayStore {
     db: Db,
     sql: Arc<Statements>,
+    /// The queue in the same schema, whose statements a page's transaction runs.
+    queue: PostgresJobQueue,
 }
 
 impl fmt::Debug for PostgresReplayStore {
@@ -112,9 +125,53 @@ impl fmt::Debug for PostgresReplayStore {
 }
 
 impl PostgresReplayStore {
-    pub(crate) fn new(db: Db) -> Self {
+    pub(crate) fn new(db: Db, queue: PostgresJobQueue) -> Self {
         let sql = Arc::new(Statements::new(db.schema()));
-        PostgresReplayStore { db, sql }
+        PostgresReplayStore { db, sql, queue }
+    }
+
+    /// [`ReplayStore::save_replay`] on `exec` (the pool, or a page's transaction).
+    async fn save_with<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        lease: &ReplayLease,
+        progress: &ReplayProgress,
+        step: &ReplayStep,
+    ) -> Result<ReplaySaved> {
+        let (then, renew, error) = match step {
+            ReplayStep::Continue { lease } => ("continue", micros(*lease), None),
+            ReplayStep::Release => ("release", 0, None),
+            ReplayStep::Complete => ("completed", 0, None),
+            ReplayStep::Fail { error } => ("failed", 0, Some(pg_text(error))),
+        };
+        let row = sqlx::query(&self.sql.save)
+            .bind(lease.replay_id)
+            .bind(lease.owner)
+            .bind(lease.lease_until.as_datetime())
+            .bind(bigint(progress.pages))
+            .bind(bigint(progress.jobs))
+            .bind(bigint(progress.dead_letters_removed))
+            .bind(bigint(progress.skipped))
+            .bind(progress.limited)
+            .bind(bigint(progress.log_store_queries))
+            .bind(bigint(progress.queue_queries))
+            .bind(then)
+            .bind(renew)
+            .bind(error)
+            .bind(progress.position.as_ref().map(Cursor::encode))
+            .fetch_optional(exec)
+            .await
+            .map_err(|e| from_sqlx(&format!("saving replay {}", lease.replay_id), e))?;
+        let Some(row) = row else {
+            return Ok(ReplaySaved::Lost);
+        };
+        Ok(match get_opt_time(&row, "lease_until")? {
+            Some(lease_until) if then == "continue" => ReplaySaved::Renewed(ReplayLease {
+                lease_until,
+                ..*lease
+            }),
+            _ => ReplaySaved::Ended,
+        })
     }
 }
 
@@ -214,40 +271,57 @@ impl ReplayStore for PostgresReplayStore {
         step: &ReplayStep,
     ) -> Result<ReplaySaved> {
         validate_replay_step(step)?;
-        let (then, renew, error) = match step {
-            ReplayStep::Continue { lease } => ("continue", micros(*lease), None),
-            ReplayStep::Release => ("release", 0, None),
-            ReplayStep::Complete => ("completed", 0, None),
-            ReplayStep::Fail { error } => ("failed", 0, Some(pg_text(error))),
-        };
-        let row = sqlx::query(&self.sql.save)
+        self.save_with(&self.db.pool, lease, progress, step).await
+    }
+
+    fn commits_queue_work(&self) -> bool {
+        true
+    }
+
+    async fn save_replay_page(
+        &self,
+        lease: &ReplayLease,
+        progress: &ReplayProgress,
+        step: &ReplayStep,
+        page: &ReplayPage,
+    ) -> Result<(ReplaySaved, u64)> {
+        validate_replay_step(step)?;
+        for job in &page.jobs {
+            validate_job(job)?;
+        }
+        let doing = format!("saving a page of replay {}", lease.replay_id);
+        let mut tx = self
+            .db
+            .pool
+            .begin()
+            .await
+            .map_err(|e| from_sqlx(&doing, e))?;
+        let tenant: Option<String> = sqlx::query_scalar(&self.sql.hold)
             .bind(lease.replay_id)
             .bind(lease.owner)
             .bind(lease.lease_until.as_datetime())
-            .bind(bigint(progress.pages))
-            .bind(bigint(progress.jobs))
-            .bind(bigint(progress.dead_letters_removed))
-            .bind(bigint(progress.skipped))
-            .bind(progress.limited)
-            .bind(bigint(progress.log_store_queries))
-            .bind(bigint(progress.queue_queries))
-            .bind(then)
-            .bind(renew)
-            .bind(error)
-            .bind(progress.position.as_ref().map(Cursor::encode))
-            .fetch_optional(&self.db.pool)
+            .fetch_optional(&mut *tx)
             .await
-            .map_err(|e| from_sqlx(&format!("saving replay {}", lease.replay_id), e))?;
-        let Some(row) = row else {
-            return Ok(ReplaySaved::Lost);
+            .map_err(|e| from_sqlx(&doing, e))?;
+        // Dropping the transaction rolls it back: a lost lease writes nothing.
+        let Some(tenant) = tenant else {
+            return Ok((ReplaySaved::Lost, 0));
         };
-        Ok(match get_opt_time(&row, "lease_until")? {
-            Some(lease_until) if then == "continue" => ReplaySaved::Renewed(ReplayLease {
-                lease_until,
-                ..*lease
-            }),
-            _ => ReplaySaved::Ended,
-        })
+        let tenant = TenantId::new(tenant)?;
+        // Enqueue first, as a caller without this method would: a job whose id is one of the
+        // dead letters removed below is still skipped.
+        self.queue.enqueue_with(&mut *tx, &page.jobs).await?;
+        let removed = self
+            .queue
+            .remove_dead_letters_with(&mut *tx, &tenant, &page.remove_dead_letters)
+            .await?;
+        let progress = ReplayProgress {
+            dead_letters_removed: progress.dead_letters_removed.saturating_add(removed),
+            ..progress.clone()
+        };
+        let saved = self.save_with(&mut *tx, lease, &progress, step).await?;
+        tx.commit().await.map_err(|e| from_sqlx(&doing, e))?;
+        Ok((saved, removed))
     }
 
     async fn take_over_replays(

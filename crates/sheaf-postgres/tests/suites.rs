@@ -30,6 +30,13 @@ async fn conformance_of_the_replay_store() {
     let _gate = Gate::shared(&url).await;
     let test = TestSchema::new(&url).await;
     conformance::run_replay_store(&*test.stores.replay_store()).await;
+    // A fresh schema: the page cases need an idle queue.
+    let paged = TestSchema::new(&url).await;
+    conformance::run_replay_pages(conformance::replay::PageStores {
+        replays: &*paged.stores.replay_store(),
+        queue: &*paged.stores.job_queue(),
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

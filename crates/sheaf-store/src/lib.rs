@@ -67,7 +67,7 @@ pub use queue::{
     Reschedule, validate_job, validate_lease,
 };
 pub use replay::{
-    NewReplay, Replay, ReplayLease, ReplayProgress, ReplaySaved, ReplayState, ReplayStep,
-    ReplayStore, validate_replay_step,
+    NewReplay, Replay, ReplayLease, ReplayPage, ReplayProgress, ReplaySaved, ReplayState,
+    ReplayStep, ReplayStore, validate_replay_step,
 };
 pub use time::{Timestamp, truncate_to_micros};

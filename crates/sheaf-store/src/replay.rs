@@ -22,6 +22,15 @@
 //! replay over, the row's `lease_until` is later than any the old owner holds and the old
 //! owner's writes are lost, changing nothing. A takeover happens only after
 //! `lease_until < now`, or at once after the owner released the replay.
+//!
+//! # A page's queue work
+//!
+//! A store that shares the queue's database (Postgres, beside the Postgres queue) can commit a
+//! page's queue work (its jobs, and the dead letters it replayed) in the same transaction as
+//! the page's progress ([`ReplayStore::save_replay_page`]): then a page is either enqueued and
+//! stored, or neither, and a process that resumes a replay never enqueues a page twice. Other
+//! stores say so ([`ReplayStore::commits_queue_work`]); the caller then enqueues first and
+//! stores the progress after, and a resume may enqueue the page in flight again.
 
 use std::fmt;
 use std::time::Duration;
@@ -30,7 +39,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{Cursor, Error, Result, TenantId, Timestamp};
+use crate::{Cursor, Error, Job, JobId, Result, TenantId, Timestamp};
 
 /// Where a replay is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -173,6 +182,17 @@ pub enum ReplaySaved {
     Lost,
 }
 
+/// A page's queue work, for [`ReplayStore::save_replay_page`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayPage {
+    /// Jobs to enqueue, as [`crate::JobQueue::enqueue`] does: an id already queued or
+    /// dead-lettered is skipped.
+    pub jobs: Vec<Job>,
+    /// Dead letters of the replay's tenant to remove, as
+    /// [`crate::JobQueue::remove_dead_letters`] does.
+    pub remove_dead_letters: Vec<JobId>,
+}
+
 /// Rejects a [`ReplayStep`] a backend must not store: a lease [`crate::validate_lease`] refuses.
 pub fn validate_replay_step(step: &ReplayStep) -> Result<()> {
     match step {
@@ -233,6 +253,33 @@ pub trait ReplayStore: fmt::Debug + Send + Sync + 'static {
         lease: Duration,
         max: usize,
     ) -> Result<Vec<(Replay, ReplayLease)>>;
+
+    /// Whether [`ReplayStore::save_replay_page`] commits a page's queue work with its progress:
+    /// the store shares the queue's database. The default says no.
+    fn commits_queue_work(&self) -> bool {
+        false
+    }
+
+    /// [`ReplayStore::save_replay`], and in the same transaction, only if the lease holds, the
+    /// page's queue work: its jobs enqueued, then its dead letters removed (so a job whose id
+    /// is one of them is skipped), in the queue this store shares. The stored `dead_letters_removed` is `progress`'s plus the dead letters
+    /// this call removed; returns what was saved and how many it removed (0 when lost). On
+    /// `Lost` or `Err` nothing of it is committed. Jobs are checked as
+    /// [`crate::validate_job`] does. Stores that do not share a queue
+    /// ([`ReplayStore::commits_queue_work`] is `false`) answer [`Error::InvalidInput`], the
+    /// default.
+    async fn save_replay_page(
+        &self,
+        lease: &ReplayLease,
+        progress: &ReplayProgress,
+        step: &ReplayStep,
+        page: &ReplayPage,
+    ) -> Result<(ReplaySaved, u64)> {
+        let _ = (lease, progress, step, page);
+        Err(Error::invalid_input(
+            "this replay store does not share the queue's database; enqueue first, then save_replay",
+        ))
+    }
 
     /// Deletes up to `max` finished (completed or failed) replays whose `finished_at` is before
     /// `before`, oldest first; returns how many. Running replays are never deleted, however old.

@@ -59,7 +59,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sheaf_store::{
     Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Cursor, DeadLetter,
-    DestinationId, EventId, EventKey, Job, NewReplay, PageRequest, Replay, ReplayLease,
+    DestinationId, EventId, EventKey, Job, NewReplay, PageRequest, Replay, ReplayLease, ReplayPage,
     ReplayProgress, ReplaySaved, ReplayStep, TenantId, TimeRange, Timestamp,
 };
 use tokio::task::JoinHandle;
@@ -299,7 +299,9 @@ async fn keep(core: Arc<Core>, stop: CancellationToken) {
                     drop(spawn_runner(&core, replay, lease));
                 }
             }
-            Err(err) => tracing::warn!(error = %err, "looking for replays to resume failed; trying again later"),
+            Err(err) => {
+                tracing::warn!(error = %err, "looking for replays to resume failed; trying again later")
+            }
         }
         let before = Timestamp::now().saturating_sub(KEPT_FOR);
         if let Err(err) = core
@@ -320,7 +322,7 @@ async fn run(core: Arc<Core>, replay: Replay, lease: ReplayLease, stop: Cancella
             // Nothing was read: the stored progress is still the replay's.
             let runner_progress = replay.progress.clone();
             let step = ReplayStep::Fail { error };
-            let saved = save(&core, &lease, &runner_progress, &step, Instant::now()).await;
+            let saved = save(&core, &lease, &runner_progress, &step, None, Instant::now()).await;
             tracing::warn!(replay = %replay.id, ?saved, ?step, "a replay could not start");
             return;
         }
@@ -328,20 +330,31 @@ async fn run(core: Arc<Core>, replay: Replay, lease: ReplayLease, stop: Cancella
     runner.drive(lease, stop).await;
 }
 
-/// Stores `progress` and `step` under `lease`, trying again while the lease may still hold
-/// (it was last renewed by a save that began at `renewed_at`). `None` when it could not: the
-/// caller stops, and the lease runs out for another process to take the replay over.
+/// Stores `progress` and `step` under `lease` (with `page`'s queue work in the same
+/// transaction, when given), trying again while the lease may still hold (it was last renewed
+/// by a save that began at `renewed_at`). Answers what was saved and how many dead letters the
+/// page removed; `None` when it could not: the caller stops, and the lease runs out for another
+/// process to take the replay over.
 async fn save(
     core: &Core,
     lease: &ReplayLease,
     progress: &ReplayProgress,
     step: &ReplayStep,
+    page: Option<&ReplayPage>,
     renewed_at: Instant,
-) -> Option<ReplaySaved> {
+) -> Option<(ReplaySaved, u64)> {
     let deadline = renewed_at + core.config.queue_lease;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    let replays = &core.stores.replays;
     loop {
-        match core.stores.replays.save_replay(lease, progress, step).await {
+        let saved = match page {
+            Some(page) => replays.save_replay_page(lease, progress, step, page).await,
+            None => replays
+                .save_replay(lease, progress, step)
+                .await
+                .map(|saved| (saved, 0)),
+        };
+        match saved {
             Ok(saved) => return Some(saved),
             Err(err) if Instant::now() + backoff.peek() < deadline => {
                 tracing::warn!(replay = %lease.replay_id, error = %err,
@@ -400,7 +413,10 @@ impl Runner {
             .await
             .map_err(|e| format!("reading the tenant: {e}"))?;
         if entry.tenant.is_none() {
-            return Err(format!("tenant {:?} does not exist", replay.tenant_id.as_str()));
+            return Err(format!(
+                "tenant {:?} does not exist",
+                replay.tenant_id.as_str()
+            ));
         }
         Ok(Runner {
             core,
@@ -422,7 +438,15 @@ impl Runner {
         let mut renewed_at = Instant::now();
         loop {
             if stop.is_cancelled() {
-                let saved = save(&self.core, &lease, &self.progress, &ReplayStep::Release, renewed_at).await;
+                let saved = save(
+                    &self.core,
+                    &lease,
+                    &self.progress,
+                    &ReplayStep::Release,
+                    None,
+                    renewed_at,
+                )
+                .await;
                 tracing::info!(replay = %self.replay_id, ?saved, "replay released at shutdown");
                 return;
             }
@@ -431,26 +455,38 @@ impl Runner {
             // this one still enqueues.
             if renewed_at.elapsed() > lease_for / 2 {
                 let began = Instant::now();
-                match save(&self.core, &lease, &self.progress, &ReplayStep::Continue { lease: lease_for }, renewed_at).await {
-                    Some(ReplaySaved::Renewed(new)) => (lease, renewed_at) = (new, began),
+                match save(
+                    &self.core,
+                    &lease,
+                    &self.progress,
+                    &ReplayStep::Continue { lease: lease_for },
+                    None,
+                    renewed_at,
+                )
+                .await
+                {
+                    Some((ReplaySaved::Renewed(new), _)) => (lease, renewed_at) = (new, began),
                     other => {
                         tracing::warn!(replay = %self.replay_id, saved = ?other, "replay lease lost; stopping");
                         return;
                     }
                 }
             }
-            let step = match self.page().await {
-                Ok(Some(next)) if !self.progress.limited => {
+            let (step, work) = match self.page().await {
+                Ok((Some(next), work)) if !self.progress.limited => {
                     self.progress.position = Some(next);
-                    ReplayStep::Continue { lease: lease_for }
+                    (ReplayStep::Continue { lease: lease_for }, work)
                 }
-                Ok(_) => ReplayStep::Complete,
-                Err(err) => ReplayStep::Fail {
-                    error: err.to_string(),
-                },
+                Ok((_, work)) => (ReplayStep::Complete, work),
+                Err(err) => (
+                    ReplayStep::Fail {
+                        error: err.to_string(),
+                    },
+                    ReplayPage::default(),
+                ),
             };
             let began = Instant::now();
-            match save(&self.core, &lease, &self.progress, &step, renewed_at).await {
+            match self.commit(&lease, step.clone(), work, renewed_at).await {
                 Some(ReplaySaved::Renewed(new)) => (lease, renewed_at) = (new, began),
                 Some(ReplaySaved::Ended) => {
                     let p = &self.progress;
@@ -467,11 +503,64 @@ impl Runner {
         }
     }
 
-    /// One page of the source; the cursor of the next one, `None` at the end.
-    async fn page(&mut self) -> Result<Option<Cursor>, sheaf_store::Error> {
+    /// Commits a page: its jobs, its dead-letter removals and its progress. With a replay store
+    /// beside the queue, in one transaction, so a page is enqueued and stored or neither;
+    /// otherwise the queue work first and the progress after (a resume may then read the page
+    /// in flight again).
+    async fn commit(
+        &mut self,
+        lease: &ReplayLease,
+        mut step: ReplayStep,
+        work: ReplayPage,
+        renewed_at: Instant,
+    ) -> Option<ReplaySaved> {
+        let core = Arc::clone(&self.core);
+        let together = core.stores.outbox.is_some() && core.stores.replays.commits_queue_work();
+        let (saved, removed) = if together {
+            save(&core, lease, &self.progress, &step, Some(&work), renewed_at).await?
+        } else {
+            let removed = match self.apply(&work).await {
+                Ok(removed) => removed,
+                Err(err) => {
+                    step = ReplayStep::Fail {
+                        error: err.to_string(),
+                    };
+                    0
+                }
+            };
+            self.progress.dead_letters_removed += removed;
+            let saved = save(&core, lease, &self.progress, &step, None, renewed_at).await?;
+            (saved.0, 0)
+        };
+        self.progress.dead_letters_removed += removed;
+        if saved != ReplaySaved::Lost && !work.jobs.is_empty() {
+            Metrics::add(&core.metrics.jobs_enqueued, work.jobs.len());
+            core.wake.notify_one();
+        }
+        Some(saved)
+    }
+
+    /// A page's queue work through the queue: one enqueue, one removal. Returns how many dead
+    /// letters it removed.
+    async fn apply(&self, work: &ReplayPage) -> Result<u64, sheaf_store::Error> {
+        let queue = &self.core.stores.queue;
+        if !work.jobs.is_empty() {
+            queue.enqueue(&work.jobs).await?;
+        }
+        if work.remove_dead_letters.is_empty() {
+            return Ok(0);
+        }
+        queue
+            .remove_dead_letters(&self.tenant, &work.remove_dead_letters)
+            .await
+    }
+
+    /// One page of the source: the cursor of the next one (`None` at the end) and the page's
+    /// queue work, counted in the progress but not yet done.
+    async fn page(&mut self) -> Result<(Option<Cursor>, ReplayPage), sheaf_store::Error> {
         let window = self.window();
         if window.until <= window.since {
-            return Ok(None);
+            return Ok((None, ReplayPage::default()));
         }
         match self.selection.source {
             Source::DeadLettered => self.dead_letter_page(window).await,
@@ -562,17 +651,13 @@ impl Runner {
         }
     }
 
-    /// Enqueues a page's jobs (one call) and counts them.
-    async fn enqueue(&mut self, jobs: &[Job]) -> Result<(), sheaf_store::Error> {
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        self.core.stores.queue.enqueue(jobs).await?;
-        Metrics::add(&self.core.metrics.jobs_enqueued, jobs.len());
-        self.core.wake.notify_one();
-        self.progress.queue_queries += 1;
-        self.progress.jobs += jobs.len() as u64;
-        Ok(())
+    /// Counts a page's queue work in the progress: its jobs and those found delivered already
+    /// (`replayed`), one queue statement for the jobs and one for the removals.
+    fn count(&mut self, work: &ReplayPage, replayed: u64) {
+        let jobs = work.jobs.len() as u64;
+        self.progress.jobs += jobs + replayed;
+        self.progress.queue_queries +=
+            u64::from(jobs > 0) + u64::from(!work.remove_dead_letters.is_empty());
     }
 
     /// Narrows a dead-letter page to the window, the destination and the topic (one batched
@@ -617,7 +702,7 @@ impl Runner {
     async fn dead_letter_page(
         &mut self,
         window: TimeRange,
-    ) -> Result<Option<Cursor>, sheaf_store::Error> {
+    ) -> Result<(Option<Cursor>, ReplayPage), sheaf_store::Error> {
         let page = self.page_request();
         let queue = Arc::clone(&self.core.stores.queue);
         let listed = queue.list_dead_letters(&self.tenant, &page).await?;
@@ -656,21 +741,19 @@ impl Runner {
             }
             remove.push(dead.job.id);
         }
-        self.enqueue(&jobs).await?;
-        self.progress.jobs += replayed;
-        if !remove.is_empty() {
-            let removed = queue.remove_dead_letters(&self.tenant, &remove).await?;
-            self.progress.queue_queries += 1;
-            self.progress.dead_letters_removed += removed;
-        }
+        let work = ReplayPage {
+            jobs,
+            remove_dead_letters: remove,
+        };
+        self.count(&work, replayed);
         self.progress.skipped += skipped;
-        Ok(listed.next.filter(|_| !past_start))
+        Ok((listed.next.filter(|_| !past_start), work))
     }
 
     async fn attempt_page(
         &mut self,
         window: TimeRange,
-    ) -> Result<Option<Cursor>, sheaf_store::Error> {
+    ) -> Result<(Option<Cursor>, ReplayPage), sheaf_store::Error> {
         let filter = AttemptFilter {
             event_id: None,
             destination_id: self.selection.destination,
@@ -720,8 +803,11 @@ impl Runner {
                 Verdict::Delivered => {}
             }
         }
-        self.enqueue(&jobs).await?;
-        self.progress.jobs += replayed;
-        Ok(listed.next)
+        let work = ReplayPage {
+            jobs,
+            remove_dead_letters: Vec::new(),
+        };
+        self.count(&work, replayed);
+        Ok((listed.next, work))
     }
 }

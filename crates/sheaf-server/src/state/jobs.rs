@@ -88,8 +88,15 @@ mod tests {
             replay.as_bytes()[..6],
             "its timestamp is the replay's"
         );
-        assert_ne!(a, replay_job_id(&uuid::Uuid::now_v7(), &t, &e, &d), "per replay");
-        assert_ne!(a, replay_job_id(&replay, &t, &EventId::new("f").unwrap(), &d));
+        assert_ne!(
+            a,
+            replay_job_id(&uuid::Uuid::now_v7(), &t, &e, &d),
+            "per replay"
+        );
+        assert_ne!(
+            a,
+            replay_job_id(&replay, &t, &EventId::new("f").unwrap(), &d)
+        );
         assert_ne!(a, delivery_job_id(&t, &e, &d));
     }
 }

@@ -95,10 +95,7 @@ impl Replays {
 
     /// Runs a replay task, tracked for [`Replays::shutdown`]. The task gets the stop signal:
     /// it must stop at its next page boundary once the signal fires, and release its replay.
-    pub fn spawn<F>(
-        &self,
-        task: impl FnOnce(CancellationToken) -> F,
-    ) -> tokio::task::JoinHandle<()>
+    pub fn spawn<F>(&self, task: impl FnOnce(CancellationToken) -> F) -> tokio::task::JoinHandle<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {

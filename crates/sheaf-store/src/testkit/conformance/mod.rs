@@ -133,6 +133,12 @@ pub async fn run_replay_store(store: &dyn ReplayStore) {
     );
 }
 
+/// Runs the [`ReplayStore`] cases of a store that shares a queue
+/// ([`ReplayStore::commits_queue_work`]). The queue must be idle and used by nobody else.
+pub async fn run_replay_pages(stores: replay::PageStores<'_>) {
+    run_cases!("replay", stores, [replay::page_work_commits_with_progress]);
+}
+
 /// Panics unless `result` is an error of `kind`.
 pub(crate) fn assert_kind<T: Debug>(result: Result<T>, kind: ErrorKind, what: &str) {
     match result {
