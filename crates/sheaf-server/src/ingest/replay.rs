@@ -23,33 +23,37 @@
 //! # Ownership and resuming
 //!
 //! The process that starts a replay owns it by a lease (`SHEAF_QUEUE_LEASE`, on the replay
-//! store's clock) and stores its progress after every page, counters and the cursor of the
-//! next page in one write that also renews the lease. [`ReplayKeeper`], one task per process,
+//! store's clock) and stores its progress after every page: counters and the cursor of the
+//! next page, in one write that also renews the lease. [`ReplayKeeper`], one task per process,
 //! takes over replays whose lease ran out (their owner died or lost the database) or that were
 //! released (their owner shut down), and resumes each from its stored cursor; it also deletes
 //! finished replays after [`KEPT_FOR`].
 //!
-//! A resume re-reads the page that was in flight when the owner stopped: its jobs may already
-//! be enqueued, some even delivered. What keeps that from delivering twice:
+//! With the Postgres queue, the replay store is in the same database and a page's jobs and
+//! dead-letter removals commit in the same transaction as its progress, under the lease
+//! (`ReplayStore::save_replay_page`): a page is enqueued and stored, or neither. So a resume
+//! reads again only the page nothing was enqueued for, and an owner that lost its lease (it
+//! stalled past it, and was taken over) commits nothing more. With the memory queue, the page's
+//! queue work goes first and its progress after; a resume then enqueues the page in flight
+//! again, which only a process on the same replay store with a queue of its own can do.
+//!
+//! What still keeps a resume from delivering twice:
 //!
 //! - a replay's job ids are derived from the replay and the (event, destination) pair
 //!   ([`replay_job_id`]), so enqueueing a job still waiting, claimed or dead-lettered is a
 //!   no-op for the queue;
-//! - a dead letter leaves the list once its page's jobs are enqueued, so a page whose removal
-//!   was stored is not listed again;
-//! - a job that already finished is gone from the queue, so the resumed replay asks the log:
-//!   a pair whose latest attempt was made since the replay started and is manual (or a later
-//!   retry of one) was delivered by this replay, and is counted, not enqueued. One batched
-//!   latest-attempt lookup per page after a takeover (the one `failed` makes anyway).
+//! - a resumed runner no longer knows which pairs earlier pages took (a pair with several
+//!   matching attempts, or several dead letters, shows up on more than one page), so it asks
+//!   the log: a pair whose latest attempt was made since the replay started and is manual (or
+//!   a later retry of one) was delivered by this replay, and is counted, not enqueued. One
+//!   batched latest-attempt lookup per page after a takeover (the one `failed` makes anyway).
 //!
-//! What a resume can still repeat: a delivery whose job finished but whose attempt the log
-//! store does not show yet (with the ClickHouse log store, an attempt waits in the outbox
-//! until the shipper moves it, normally under a second), or whose attempt time, on the
-//! delivering process's clock, is before the replay's start on the store's clock (clocks more
-//! than the time to the first delivery apart). Two processes can also both run a replay for a
-//! moment when its owner stalls mid-page past its lease; each page the stalled one still
-//! enqueues is one more such window. A resume never skips a match that was not delivered, and
-//! never delivers one twice through the queue.
+//! What a resume can still repeat, only for such a pair seen again after a takeover (or, with
+//! the memory queue, for the page in flight): a delivery whose job finished but whose attempt
+//! the lookup did not see: settled between the lookup and the page's commit, waiting in the
+//! outbox for the log shipper (ClickHouse log store), or timed by a worker whose clock is
+//! behind the replay store's by more than the time to that delivery. A resume never skips a
+//! match that no manual delivery since the replay's start has taken up.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
