@@ -32,7 +32,7 @@ async fn conformance_of_the_replay_store() {
     conformance::run_replay_store(&*test.stores.replay_store()).await;
     // A fresh schema: the page cases need an idle queue.
     let paged = TestSchema::new(&url).await;
-    conformance::run_replay_pages(conformance::replay::PageStores {
+    conformance::run_replay_pages(conformance::replay_pages::PageStores {
         replays: &*paged.stores.replay_store(),
         queue: &*paged.stores.job_queue(),
     })

@@ -11,6 +11,8 @@ pub mod log;
 pub mod outbox;
 pub mod queue;
 pub mod replay;
+pub mod replay_pages;
+pub mod replay_takeover;
 
 use std::fmt::Debug;
 
@@ -126,8 +128,8 @@ pub async fn run_replay_store(store: &dyn ReplayStore) {
         [
             replay::replays_round_trip_and_are_tenant_scoped,
             replay::progress_is_saved_under_the_lease,
-            replay::expired_replays_are_taken_over_once,
-            replay::released_replays_are_taken_over_at_once,
+            replay_takeover::expired_replays_are_taken_over_once,
+            replay_takeover::released_replays_are_taken_over_at_once,
             replay::finished_replays_are_deleted_by_age,
         ]
     );
@@ -135,8 +137,12 @@ pub async fn run_replay_store(store: &dyn ReplayStore) {
 
 /// Runs the [`ReplayStore`] cases of a store that shares a queue
 /// ([`ReplayStore::commits_queue_work`]). The queue must be idle and used by nobody else.
-pub async fn run_replay_pages(stores: replay::PageStores<'_>) {
-    run_cases!("replay", stores, [replay::page_work_commits_with_progress]);
+pub async fn run_replay_pages(stores: replay_pages::PageStores<'_>) {
+    run_cases!(
+        "replay",
+        stores,
+        [replay_pages::page_work_commits_with_progress]
+    );
 }
 
 /// Panics unless `result` is an error of `kind`.
