@@ -40,8 +40,8 @@
 //! What still keeps a resume from delivering twice:
 //!
 //! - a replay's job ids are derived from the replay and the (event, destination) pair
-//!   ([`crate::state::jobs::replay_job_id`]), so enqueueing a job still waiting, claimed or dead-lettered is a
-//!   no-op for the queue;
+//!   ([`crate::state::jobs::replay_job_id`]), so enqueueing a job still waiting, claimed or
+//!   dead-lettered is a no-op for the queue;
 //! - a resumed runner no longer knows which pairs earlier pages took (a pair with several
 //!   matching attempts, or several dead letters, shows up on more than one page), so it asks
 //!   the log: a pair whose latest attempt was made since the replay started and is manual (or
