@@ -96,8 +96,9 @@ impl Running {
     /// accepted publish is durable) while the CDC source stops reading, finishes the publishes
     /// under way, acknowledges them and reports its position; then the engine stops claiming,
     /// finishes in-flight deliveries up to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted
-    /// claims, then the completer, the log shipper and the write coalescer flush. Bulk replays
-    /// stop at their next page boundary and are released for another process to resume.
+    /// claims, then the completer, the log shipper and the write coalescer flush. Bulk replays,
+    /// from the start, stop at their next page boundary and are released for another process to
+    /// resume.
     pub async fn shutdown(self) {
         let deadline = self.core.config.shutdown_timeout;
         self.stop_http.cancel();
@@ -108,16 +109,21 @@ impl Running {
                 cdc.shutdown(deadline).await;
             }
         };
-        let (http, ()) = tokio::join!(tokio::time::timeout(deadline, self.http), stop_cdc);
+        // Replays stop at their next page boundary and are released at once, so another
+        // process resumes them within its keeper's round, and a `POST …/replay` still waiting
+        // for its replay answers then instead of holding the HTTP server's shutdown.
+        let replays = self.replays;
+        let (http, (), ()) = tokio::join!(
+            tokio::time::timeout(deadline, self.http),
+            stop_cdc,
+            replays.shutdown(deadline)
+        );
         match http {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(err))) => tracing::warn!(error = %err, "http server stopped with an error"),
             Ok(Err(err)) => tracing::warn!(error = %err, "http server task failed"),
             Err(_) => tracing::warn!("http requests did not finish within {deadline:?}"),
         }
-        // Replays stop at a page boundary and are released, so another process resumes them
-        // at once; their last enqueues reach the queue before the engine stops.
-        self.replays.shutdown(deadline).await;
         if let Some(engine) = self.engine {
             engine.shutdown(deadline).await;
         }

@@ -4,7 +4,8 @@
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
 //! - `brokers`: RabbitMQ and NATS JetStream destinations through `sheaf serve`, on real brokers.
 //! - `controls`: destination controls on every backend: payload filters, automatic disabling
-//!   with operator events, bulk replay.
+//!   with operator events, bulk replay (also resumed by a second process when the first is
+//!   killed or shut down mid-replay).
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
 //! - `observability`: request ids, the request timeout, JSON logs.
 //! - `traces`: OpenTelemetry spans received by an OTLP collector in the test, and `traceparent`.

@@ -1,7 +1,8 @@
 //! Destination controls through the API, on every backend: payload filters decide at publish
 //! which destinations get a job, and a filter the service cannot use is refused naming its path;
 //! a destination that keeps failing is disabled with operator events (`health`); a rate limit
-//! holds across processes (`limits`); dead letters are replayed in bulk (`replay`).
+//! holds across processes (`limits`); dead letters are replayed in bulk (`replay`), and a replay
+//! outlives the process that started it, killed or shut down (`replay_takeover`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -369,3 +370,4 @@ async fn a_filter_the_service_cannot_use_is_refused_naming_its_path() {
 mod health;
 mod limits;
 mod replay;
+mod replay_takeover;
