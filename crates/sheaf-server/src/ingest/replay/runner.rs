@@ -226,25 +226,24 @@ impl Runner {
     ) -> Option<ReplaySaved> {
         let core = Arc::clone(&self.core);
         let together = core.stores.outbox.is_some() && core.stores.replays.commits_queue_work();
-        let (saved, removed) = if together {
-            save(&core, lease, &self.progress, &step, Some(&work), renewed_at).await?
-        } else {
-            let removed = match self.apply(&work).await {
-                Ok(removed) => removed,
+        let mut enqueued = work.jobs.len();
+        if !together {
+            match self.apply(&work).await {
+                Ok(removed) => self.progress.dead_letters_removed += removed,
                 Err(err) => {
                     step = ReplayStep::Fail {
                         error: err.to_string(),
                     };
-                    0
+                    enqueued = 0;
                 }
-            };
-            self.progress.dead_letters_removed += removed;
-            let saved = save(&core, lease, &self.progress, &step, None, renewed_at).await?;
-            (saved.0, 0)
-        };
+            }
+        }
+        let page = together.then_some(&work);
+        let (saved, removed) = save(&core, lease, &self.progress, &step, page, renewed_at).await?;
+        // Removals the store made in the page's transaction (none without one).
         self.progress.dead_letters_removed += removed;
-        if saved != ReplaySaved::Lost && !work.jobs.is_empty() {
-            Metrics::add(&core.metrics.jobs_enqueued, work.jobs.len());
+        if saved != ReplaySaved::Lost && enqueued > 0 {
+            Metrics::add(&core.metrics.jobs_enqueued, enqueued);
             core.wake.notify_one();
         }
         Some(saved)
