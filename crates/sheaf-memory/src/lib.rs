@@ -6,6 +6,7 @@
 //!   Built with [`MemoryJobQueue::holding_events_in`], it keeps the events of its jobs in the
 //!   log out of retention's reach ([`PendingWork`]): nothing a delivery is owed ages out.
 //! - [`MemoryEntityStore`]: tenants and destinations.
+//! - [`MemoryReplayStore`]: bulk replays' progress and leases.
 //!
 //! Each is one lock (`parking_lot`) around plain maps and ordered indexes. Every method takes the
 //! lock, does its work without awaiting anything, and lets go: a lock is never held across an
@@ -19,7 +20,9 @@
 mod entity;
 mod log;
 mod queue;
+mod replay;
 
 pub use entity::MemoryEntityStore;
 pub use log::{LogRetention, MemoryLogStore, PendingWork};
 pub use queue::{MemoryJobQueue, QueueLimits};
+pub use replay::MemoryReplayStore;

@@ -10,7 +10,7 @@ mod suites {
     use std::sync::Arc;
 
     use async_trait::async_trait;
-    use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore};
+    use sheaf_memory::{MemoryEntityStore, MemoryJobQueue, MemoryLogStore, MemoryReplayStore};
     use sheaf_store::testkit::{conformance, parity};
     use sheaf_store::{
         Attempt, AttemptFilter, AttemptId, AttemptKey, Event, EventFilter, EventId, LogStore, Page,
@@ -33,6 +33,11 @@ mod suites {
         let log = Arc::new(MemoryLogStore::default());
         let queue = MemoryJobQueue::holding_events_in(Default::default(), Arc::clone(&log));
         conformance::run_all(&*log, &queue, &MemoryEntityStore::new()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conformance_of_the_replay_store() {
+        conformance::run_replay_store(&MemoryReplayStore::new()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
-//! Sheaf's stores on Postgres (sqlx): the [`LogStore`], the [`JobQueue`] and the
-//! [`EntityStore`] of `sheaf-store`, with their migrations embedded.
+//! Sheaf's stores on Postgres (sqlx): the [`LogStore`], the [`JobQueue`], the [`EntityStore`]
+//! and the [`ReplayStore`] of `sheaf-store`, with their migrations embedded.
 //!
 //! ```text
 //! let stores = PostgresStores::new(PostgresConfig::new(url))?; // no I/O yet
@@ -7,6 +7,7 @@
 //! let log: Arc<dyn LogStore> = stores.log_store();
 //! let queue: Arc<dyn JobQueue> = stores.job_queue();
 //! let entities: Arc<dyn EntityStore> = stores.entity_store();
+//! let replays: Arc<dyn ReplayStore> = stores.replay_store();
 //! ```
 //!
 //! - **One schema** ([`PostgresConfig::schema`], `sheaf` by default) holds every table; each
@@ -27,6 +28,9 @@
 //!   reports, locking the rows it changes in id order so concurrent batches neither lose a
 //!   failure nor deadlock, and skipping the rows it would not change; see
 //!   `migrations/0006_destination_health.sql` for the columns.
+//! - **Replays**: one row per bulk replay, written once per page of its source under a lease on
+//!   the server's clock, taken over like a queue claim when the lease runs out; see
+//!   [`PostgresReplayStore`] and `migrations/0009_replays.sql`.
 //! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
 //!   server is [`sheaf_store::Error::Unavailable`], never a panic.
 //!
@@ -44,10 +48,11 @@ mod log;
 mod migrate;
 mod outbox;
 mod queue;
+mod replay;
 
 use std::sync::Arc;
 
-use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, Result};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore, Result};
 use sqlx::PgPool;
 
 pub use config::{DEFAULT_SCHEMA, PostgresConfig, PostgresTls};
@@ -55,10 +60,11 @@ pub use entity::PostgresEntityStore;
 pub use log::PostgresLogStore;
 pub use outbox::{OutboxLayout, PostgresOutbox};
 pub use queue::{PostgresJobQueue, VACUUM_AFTER_DEAD_ROWS};
+pub use replay::PostgresReplayStore;
 
 use crate::db::Db;
 
-/// The three stores over one connection pool and one schema.
+/// The stores over one connection pool and one schema.
 #[derive(Debug, Clone)]
 pub struct PostgresStores {
     db: Db,
@@ -66,6 +72,7 @@ pub struct PostgresStores {
     log: PostgresLogStore,
     queue: PostgresJobQueue,
     entities: PostgresEntityStore,
+    replays: PostgresReplayStore,
 }
 
 impl PostgresStores {
@@ -76,9 +83,11 @@ impl PostgresStores {
     pub fn new(config: PostgresConfig) -> Result<Self> {
         let pool = config.pool()?;
         let db = Db::new(pool, &config.schema);
+        let queue = PostgresJobQueue::new(db.clone());
         Ok(PostgresStores {
             log: PostgresLogStore::new(db.clone()),
-            queue: PostgresJobQueue::new(db.clone()),
+            replays: PostgresReplayStore::new(db.clone(), queue.clone()),
+            queue,
             entities: PostgresEntityStore::new(db.clone()),
             schema: config.schema,
             db,
@@ -127,6 +136,11 @@ impl PostgresStores {
     /// The entity store, as the service uses it.
     pub fn entity_store(&self) -> Arc<dyn EntityStore> {
         Arc::new(self.entities.clone())
+    }
+
+    /// The replay store, as the service uses it.
+    pub fn replay_store(&self) -> Arc<dyn ReplayStore> {
+        Arc::new(self.replays.clone())
     }
 
     /// The job queue with its Postgres-only extras (e.g.

@@ -72,6 +72,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "event_trace",
         sql: include_str!("../migrations/0009_event_trace.sql"),
     },
+    Migration {
+        version: 10,
+        name: "replays",
+        sql: include_str!("../migrations/0010_replays.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -414,6 +414,49 @@ impl PostgresJobQueue {
         Ok(lost_ids(&leases, &applied, &order))
     }
 
+    /// [`JobQueue::enqueue`] on `exec` (the pool, or a transaction that commits more).
+    pub(crate) async fn enqueue_with<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        jobs: &[Job],
+    ) -> Result<()> {
+        for job in jobs {
+            validate_job(job)?;
+        }
+        let mut seen = HashSet::with_capacity(jobs.len());
+        let mut unique: Vec<&Job> = jobs.iter().filter(|j| seen.insert(j.id)).collect();
+        if unique.is_empty() {
+            return Ok(());
+        }
+        // Sorted by id: concurrent enqueues of overlapping jobs take locks in the same order.
+        unique.sort_by_key(|j| j.id);
+        bind_jobs(sqlx::query(&self.sql.enqueue), &unique)
+            .execute(exec)
+            .await
+            .map_err(|e| from_sqlx("enqueueing jobs", e))?;
+        Ok(())
+    }
+
+    /// [`JobQueue::remove_dead_letters`] on `exec`.
+    pub(crate) async fn remove_dead_letters_with<'e>(
+        &self,
+        exec: impl sqlx::PgExecutor<'e>,
+        tenant: &TenantId,
+        ids: &[JobId],
+    ) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let done = sqlx::query(&self.sql.remove_dead_letters)
+            .bind(tenant.as_str())
+            .bind(&ids)
+            .execute(exec)
+            .await
+            .map_err(|e| from_sqlx("removing dead letters", e))?;
+        Ok(done.rows_affected())
+    }
+
     /// [`JobQueue::complete`] on `exec` (the pool, or a transaction that commits more).
     pub(crate) async fn complete_with<'e>(
         &self,
@@ -495,21 +538,7 @@ impl PostgresJobQueue {
 #[async_trait]
 impl JobQueue for PostgresJobQueue {
     async fn enqueue(&self, jobs: &[Job]) -> Result<()> {
-        for job in jobs {
-            validate_job(job)?;
-        }
-        let mut seen = HashSet::with_capacity(jobs.len());
-        let mut unique: Vec<&Job> = jobs.iter().filter(|j| seen.insert(j.id)).collect();
-        if unique.is_empty() {
-            return Ok(());
-        }
-        // Sorted by id: concurrent enqueues of overlapping jobs take locks in the same order.
-        unique.sort_by_key(|j| j.id);
-        bind_jobs(sqlx::query(&self.sql.enqueue), &unique)
-            .execute(&self.db.pool)
-            .await
-            .map_err(|e| from_sqlx("enqueueing jobs", e))?;
-        Ok(())
+        self.enqueue_with(&self.db.pool, jobs).await
     }
 
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<ClaimedJob>> {
@@ -665,17 +694,8 @@ impl JobQueue for PostgresJobQueue {
     }
 
     async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
-        let done = sqlx::query(&self.sql.remove_dead_letters)
-            .bind(tenant.as_str())
-            .bind(&ids)
-            .execute(&self.db.pool)
+        self.remove_dead_letters_with(&self.db.pool, tenant, ids)
             .await
-            .map_err(|e| from_sqlx("removing dead letters", e))?;
-        Ok(done.rows_affected())
     }
 
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {

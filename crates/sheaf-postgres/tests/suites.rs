@@ -25,6 +25,21 @@ async fn conformance_run_all() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_replay_store() {
+    let url = require_postgres!("conformance_of_the_replay_store");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    conformance::run_replay_store(&*test.stores.replay_store()).await;
+    // A fresh schema: the page cases need an idle queue.
+    let paged = TestSchema::new(&url).await;
+    conformance::run_replay_pages(conformance::replay_pages::PageStores {
+        replays: &*paged.stores.replay_store(),
+        queue: &*paged.stores.job_queue(),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parity_of_the_postgres_log_store() {
     let url = require_postgres!("parity_of_the_postgres_log_store");
     let _gate = Gate::shared(&url).await;

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::delivery::Engine;
 use crate::health::{HealthTask, ensure_operator_destination};
 use crate::ingest::cdc::CdcRunner;
+use crate::ingest::replay::ReplayKeeper;
 use crate::ingest::shipper::Shipper;
 use crate::settings::Config;
 use crate::state::{Core, Migrate, Stores};
@@ -31,6 +32,8 @@ pub struct Running {
     shipper: Option<Shipper>,
     /// `None` without automatic disabling and operator events.
     health: Option<HealthTask>,
+    /// Resumes replays other processes stopped running; stops this process's replays.
+    replays: ReplayKeeper,
 }
 
 /// Connects the configured stores (migrating database schemas) and starts the service.
@@ -62,6 +65,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         None
     };
     let shipper = Shipper::start(&core);
+    let replays = ReplayKeeper::start(&core);
     let cdc = core
         .config
         .cdc
@@ -83,6 +87,7 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
         cdc,
         shipper,
         health,
+        replays,
     })
 }
 
@@ -91,7 +96,9 @@ impl Running {
     /// accepted publish is durable) while the CDC source stops reading, finishes the publishes
     /// under way, acknowledges them and reports its position; then the engine stops claiming,
     /// finishes in-flight deliveries up to `SHEAF_SHUTDOWN_TIMEOUT` and releases unstarted
-    /// claims, then the completer, the log shipper and the write coalescer flush.
+    /// claims, then the completer, the log shipper and the write coalescer flush. Bulk replays,
+    /// from the start, stop at their next page boundary and are released for another process to
+    /// resume.
     pub async fn shutdown(self) {
         let deadline = self.core.config.shutdown_timeout;
         self.stop_http.cancel();
@@ -102,7 +109,15 @@ impl Running {
                 cdc.shutdown(deadline).await;
             }
         };
-        let (http, ()) = tokio::join!(tokio::time::timeout(deadline, self.http), stop_cdc);
+        // Replays stop at their next page boundary and are released at once, so another
+        // process resumes them within its keeper's round, and a `POST …/replay` still waiting
+        // for its replay answers then instead of holding the HTTP server's shutdown.
+        let replays = self.replays;
+        let (http, (), ()) = tokio::join!(
+            tokio::time::timeout(deadline, self.http),
+            stop_cdc,
+            replays.shutdown(deadline)
+        );
         match http {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(err))) => tracing::warn!(error = %err, "http server stopped with an error"),

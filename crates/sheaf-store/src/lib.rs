@@ -4,6 +4,8 @@
 //!   batched latest-attempt lookup that retries coming due together share.
 //! - [`JobQueue`]: minimal job rows with leases instead of held transactions and savepoints.
 //! - [`EntityStore`]: tenants and destinations.
+//! - [`ReplayStore`]: bulk replays' progress and ownership, so any process reads a replay and
+//!   another resumes it when its owner stops.
 //!
 //! The traits are object-safe (`#[async_trait]`, `Send + Sync + 'static`) because the service
 //! picks backends at run time: `Arc<dyn LogStore>` is the currency. Each method's documentation
@@ -40,6 +42,7 @@ pub mod log;
 pub mod outbox;
 pub mod page;
 pub mod queue;
+pub mod replay;
 mod time;
 pub mod trace;
 
@@ -65,6 +68,10 @@ pub use page::{Cursor, MAX_PAGE_LIMIT, Page, PageRequest};
 pub use queue::{
     ClaimedJob, DeadLetter, DeadLetterRequest, Job, JobQueue, Lease, QueueDepth, Renewed,
     Reschedule, validate_job, validate_lease,
+};
+pub use replay::{
+    NewReplay, Replay, ReplayLease, ReplayPage, ReplayProgress, ReplaySaved, ReplayState,
+    ReplayStep, ReplayStore, validate_replay_step,
 };
 pub use time::{Timestamp, truncate_to_micros};
 pub use trace::TraceContext;

@@ -417,26 +417,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "until": { "type": "string", "format": "date-time", "description": "Exclusive; at most 7 days after since" }
             }
         },
-        "Replay": {
-            "type": "object",
-            "required": ["replay_id", "tenant_id", "request", "state", "pages", "jobs", "dead_letters_removed", "skipped", "limited", "log_store_queries", "queue_queries", "started_at"],
-            "properties": {
-                "replay_id": uuid_schema(),
-                "tenant_id": { "type": "string" },
-                "request": { "type": "object" },
-                "state": { "enum": ["running", "completed", "failed"] },
-                "pages": { "type": "integer" },
-                "jobs": { "type": "integer" },
-                "dead_letters_removed": { "type": "integer" },
-                "skipped": { "type": "integer" },
-                "limited": { "type": "boolean" },
-                "log_store_queries": { "type": "integer" },
-                "queue_queries": { "type": "integer" },
-                "error": { "type": ["string", "null"] },
-                "started_at": timestamp,
-                "finished_at": nullable_timestamp
-            }
-        },
+        "Replay": replay_schema(&timestamp, &nullable_timestamp),
         "RetryQueued": {
             "type": "object",
             "required": ["job_id", "event_id", "destination_id"],
@@ -445,6 +426,32 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "event_id": { "type": "string" },
                 "destination_id": { "type": "string" }
             }
+        }
+    })
+}
+
+/// A bulk replay's progress (its own `json!`: the schemas' one is at the macro's recursion limit).
+fn replay_schema(timestamp: &Value, nullable_timestamp: &Value) -> Value {
+    json!({
+        "type": "object",
+        "required": ["replay_id", "tenant_id", "request", "state", "pages", "jobs", "dead_letters_removed", "skipped", "limited", "log_store_queries", "queue_queries", "takeovers", "started_at", "updated_at"],
+        "properties": {
+            "replay_id": uuid_schema(),
+            "tenant_id": { "type": "string" },
+            "request": { "type": "object" },
+            "state": { "enum": ["running", "completed", "failed"] },
+            "pages": { "type": "integer" },
+            "jobs": { "type": "integer" },
+            "dead_letters_removed": { "type": "integer" },
+            "skipped": { "type": "integer" },
+            "limited": { "type": "boolean" },
+            "log_store_queries": { "type": "integer" },
+            "queue_queries": { "type": "integer" },
+            "error": { "type": ["string", "null"] },
+            "takeovers": { "type": "integer", "description": "Times another process resumed it after its owner stopped" },
+            "started_at": timestamp,
+            "updated_at": timestamp,
+            "finished_at": nullable_timestamp
         }
     })
 }

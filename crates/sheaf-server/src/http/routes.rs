@@ -469,7 +469,7 @@ pub fn routes() -> Vec<Route> {
             method: Method::GET,
             path: "/api/v1/tenants/{tenant_id}/replays/{replay_id}",
             operation_id: "getReplay",
-            summary: "A replay's progress, from the process that ran it (kept for 24 h).",
+            summary: "A replay's progress, as stored after every page; any process answers (kept for 24 h after it finished).",
             tag: "attempts",
             access: Access::TenantPath,
             query: &[],

@@ -374,7 +374,7 @@ pub const QUEUE_LEASE: Setting = with_rule(
             min: SECOND,
             max: HOUR,
         },
-        "How long a claim on a job holds; a process that dies leaves its jobs to others after this. A worker renews a lease more than half spent before delivering.",
+        "How long a claim on a job holds; a process that dies leaves its jobs, and the bulk replays it ran, to others after this. A worker renews a lease more than half spent before delivering.",
     ),
     "longer than `SHEAF_DELIVERY_TIMEOUT`",
 );

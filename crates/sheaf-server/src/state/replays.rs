@@ -1,36 +1,23 @@
-//! The replays a process ran or is running, by id, for `GET …/replays/{replay_id}`: kept for
-//! [`KEPT_FOR`] in this process (a replay is read back from the process that ran it).
+//! Bulk replays as the API shows them ([`ReplayView`], read from the shared `ReplayStore`, so
+//! any process answers for any replay), and the replay tasks this process runs ([`Replays`]),
+//! so that shutdown stops them at a page boundary and hands them over.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::Future;
 use std::time::Duration;
 
-use moka::future::Cache;
 use serde::Serialize;
 use serde_json::Value;
-use sheaf_store::{TenantId, Timestamp};
+use sheaf_store::{Replay, ReplayState, TenantId, Timestamp};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-/// How long a finished replay can be read back.
+/// How long a finished replay can be read back; housekeeping deletes it after.
 pub const KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
-
-/// Most replays kept at once; the least recently used go first.
-const KEPT_AT_MOST: u64 = 10_000;
-
-/// Where a replay is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplayState {
-    /// Pages are being read and enqueued.
-    Running,
-    /// Every page was read; `jobs` is final.
-    Completed,
-    /// A store failed; `error` says which, and the jobs enqueued before it stay enqueued.
-    Failed,
-}
 
 /// One replay's progress, as the API shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct ReplayProgress {
+pub struct ReplayView {
     /// Its id.
     pub replay_id: Uuid,
     /// Its tenant.
@@ -56,48 +43,85 @@ pub struct ReplayProgress {
     pub queue_queries: u64,
     /// Why it failed, when it did.
     pub error: Option<String>,
+    /// How many times a process took it over from one that stopped running it.
+    pub takeovers: u32,
     /// When it started.
     pub started_at: Timestamp,
+    /// When its progress was last stored (once per page).
+    pub updated_at: Timestamp,
     /// When it finished, once it has.
     pub finished_at: Option<Timestamp>,
 }
 
-/// A replay's progress, shared between its task and the readers.
-pub type SharedProgress = Arc<Mutex<ReplayProgress>>;
+impl From<Replay> for ReplayView {
+    fn from(replay: Replay) -> Self {
+        let p = replay.progress;
+        ReplayView {
+            replay_id: replay.id,
+            tenant_id: replay.tenant_id,
+            request: replay.request,
+            state: replay.state,
+            pages: p.pages,
+            jobs: p.jobs,
+            dead_letters_removed: p.dead_letters_removed,
+            skipped: p.skipped,
+            limited: p.limited,
+            log_store_queries: p.log_store_queries,
+            queue_queries: p.queue_queries,
+            error: replay.error,
+            takeovers: replay.takeovers,
+            started_at: replay.started_at,
+            updated_at: replay.updated_at,
+            finished_at: replay.finished_at,
+        }
+    }
+}
 
-/// The process's replays.
+/// The replay tasks this process runs.
 #[derive(Debug)]
 pub struct Replays {
-    cache: Cache<Uuid, SharedProgress>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
 }
 
 impl Replays {
-    /// An empty registry.
+    /// No task yet.
     pub fn new() -> Self {
         Replays {
-            cache: Cache::builder()
-                .max_capacity(KEPT_AT_MOST)
-                .time_to_live(KEPT_FOR)
-                .build(),
+            stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         }
     }
 
-    /// Registers a new replay.
-    pub async fn insert(&self, progress: ReplayProgress) -> SharedProgress {
-        let id = progress.replay_id;
-        let shared = Arc::new(Mutex::new(progress));
-        self.cache.insert(id, Arc::clone(&shared)).await;
-        shared
+    /// Runs a replay task, tracked for [`Replays::shutdown`]. The task gets the stop signal:
+    /// it must stop at its next page boundary once the signal fires, and release its replay.
+    pub fn spawn<F>(&self, task: impl FnOnce(CancellationToken) -> F) -> tokio::task::JoinHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(task(self.stop.clone()))
     }
 
-    /// A copy of the replay's progress, if this process has it and it belongs to `tenant`.
-    pub async fn get(&self, tenant: &TenantId, id: Uuid) -> Option<ReplayProgress> {
-        let shared = self.cache.get(&id).await?;
-        let progress = shared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        (progress.tenant_id == *tenant).then_some(progress)
+    /// Whether shutdown began (no new replay is started or taken over after it).
+    pub fn stopping(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    /// Tells every task to stop and waits up to `deadline` for them to release their replays.
+    /// A task still running after it is left behind: its lease runs out and another process
+    /// takes the replay over, as after a crash.
+    pub async fn shutdown(&self, deadline: Duration) {
+        self.stop.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(deadline, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "replays did not stop within {deadline:?}; another process takes them over \
+                 once their leases run out"
+            );
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! The memory backends are the embedded default. Tenants and destinations follow the shared
 //! stores: they live in Postgres whenever the queue or the log store does, because several
-//! processes sharing a queue must see the same destinations.
+//! processes sharing a queue must see the same destinations. Bulk replays follow them, so that
+//! any of those processes reads a replay and another resumes it when its owner stops.
 //!
 //! With the Postgres queue, publishes and attempts become durable in a Postgres outbox beside
 //! it: the log tables themselves when the log store is Postgres too, outbox tables shipped to
@@ -13,8 +14,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sheaf_memory::{LogRetention, MemoryEntityStore, MemoryJobQueue, MemoryLogStore, QueueLimits};
-use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
+use sheaf_memory::{
+    LogRetention, MemoryEntityStore, MemoryJobQueue, MemoryLogStore, MemoryReplayStore, QueueLimits,
+};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore};
 
 use crate::settings::{Config, LogStoreKind, QueueKind};
 use sheaf_postgres::OutboxLayout;
@@ -28,7 +31,7 @@ pub enum Migrate {
     No,
 }
 
-/// The three stores the service uses, chosen at run time.
+/// The stores the service uses, chosen at run time.
 #[derive(Debug, Clone)]
 pub struct Stores {
     /// Events and attempts.
@@ -44,6 +47,8 @@ pub struct Stores {
     pub memory_log: Option<Arc<MemoryLogStore>>,
     /// The memory queue, when it is the queue: for the dead letters it dropped at its bound.
     pub memory_queue: Option<Arc<MemoryJobQueue>>,
+    /// Bulk replays' progress and owners.
+    pub replays: Arc<dyn ReplayStore>,
 }
 
 impl Stores {
@@ -67,6 +72,7 @@ impl Stores {
             outbox: None,
             memory_log: Some(log),
             memory_queue: Some(queue),
+            replays: Arc::new(MemoryReplayStore::new()),
         }
     }
 
@@ -133,9 +139,9 @@ impl Stores {
                 (Arc::clone(&pg.queue), Some(pg.stores.outbox(layout)))
             }
         };
-        let entities = match &postgres {
-            Some(pg) => Arc::clone(&pg.entities),
-            None => memory.entities,
+        let (entities, replays) = match &postgres {
+            Some(pg) => (Arc::clone(&pg.entities), pg.stores.replay_store()),
+            None => (memory.entities, memory.replays),
         };
         let memory_log = memory
             .memory_log
@@ -150,11 +156,12 @@ impl Stores {
             outbox,
             memory_log,
             memory_queue,
+            replays,
         })
     }
 }
 
-/// The Postgres stores: all three traits over one pool and one schema.
+/// The Postgres stores: every trait over one pool and one schema.
 mod postgres {
     use super::*;
     use sheaf_postgres::{PostgresConfig, PostgresStores as Stores};

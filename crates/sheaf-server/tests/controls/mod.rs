@@ -1,7 +1,8 @@
 //! Destination controls through the API, on every backend: payload filters decide at publish
 //! which destinations get a job, and a filter the service cannot use is refused naming its path;
 //! a destination that keeps failing is disabled with operator events (`health`); a rate limit
-//! holds across processes (`limits`); dead letters are replayed in bulk (`replay`); at the
+//! holds across processes (`limits`); dead letters are replayed in bulk (`replay`), and a replay
+//! outlives the process that started it, killed or shut down (`replay_takeover`); at the
 //! pending-work bound publishes are refused and nothing accepted is lost (`backpressure`).
 
 use std::collections::{HashMap, HashSet};
@@ -371,3 +372,4 @@ mod backpressure;
 mod health;
 mod limits;
 mod replay;
+mod replay_takeover;

@@ -1,5 +1,5 @@
 //! Bulk replay: dead letters delivered once more in a few queries, and the dead-letter list
-//! emptied.
+//! emptied. (A replay outliving its process is `replay_takeover`.)
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use super::{backends, publish};
 use crate::support::{Client, start_server};
 
 /// Every dead letter of the tenant.
-async fn dead_letters(client: &Client, tenant: &str) -> Vec<Value> {
+pub(super) async fn dead_letters(client: &Client, tenant: &str) -> Vec<Value> {
     client
         .every_item(&format!("/api/v1/tenants/{tenant}/dead-letters?limit=1000"))
         .await

@@ -1,7 +1,8 @@
 //! The suites that decide whether a backend is correct, written once and run by every backend.
 //!
 //! - [`conformance`]: one `pub async fn` per behaviour of [`LogStore`](crate::LogStore),
-//!   [`JobQueue`](crate::JobQueue) and [`EntityStore`](crate::EntityStore), plus `run_*` functions that call them all.
+//!   [`JobQueue`](crate::JobQueue), [`EntityStore`](crate::EntityStore), [`Outbox`](crate::Outbox)
+//!   and [`ReplayStore`](crate::ReplayStore), plus `run_*` functions that call them all.
 //! - [`parity`]: a property test that `latest_attempts(keys)` equals the single lookups key by key
 //!   and equals the plain reference model in [`model`], over random histories and key sets; other
 //!   lookup paths (e.g. a `LookupCoalescer` in front of the store) plug in through

@@ -1,4 +1,5 @@
-//! Bulk replays: start one, read its progress.
+//! Bulk replays: start one, read its progress (from the shared replay store, so any process
+//! answers for any replay).
 
 use axum::Json;
 use axum::extract::State;
@@ -9,6 +10,7 @@ use uuid::Uuid;
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiPath, AppState};
 use crate::ingest::replay::{ReplayRequest, start_replay};
+use crate::state::replays::ReplayView;
 
 use super::{ApiResult, existing_tenant, tenant_id};
 
@@ -27,12 +29,13 @@ pub(crate) async fn get_replay(
     ApiPath((raw, id)): ApiPath<(String, String)>,
 ) -> ApiResult {
     let tenant = existing_tenant(&core, raw).await?;
-    let missing = || ApiError::not_found(format!("replay {id} does not exist in this process"));
+    let missing = || ApiError::not_found(format!("replay {id} does not exist"));
     let replay_id: Uuid = id.parse().map_err(|_| missing())?;
-    let progress = core
+    let replay = core
+        .stores
         .replays
-        .get(&tenant, replay_id)
-        .await
+        .get_replay(&tenant, replay_id)
+        .await?
         .ok_or_else(missing)?;
-    Ok(Json(progress).into_response())
+    Ok(Json(ReplayView::from(replay)).into_response())
 }

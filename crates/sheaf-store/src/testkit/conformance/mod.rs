@@ -1,4 +1,4 @@
-//! Conformance cases for the three traits, and the `run_*` functions that run them in order.
+//! Conformance cases for the storage traits, and the `run_*` functions that run them in order.
 //!
 //! Each case is a plain `pub async fn` taking the store as a trait object, so a backend can call
 //! one case alone while it debugs, and `run_*` for everything. A case panics with a message that
@@ -10,10 +10,13 @@ pub mod entity_limits;
 pub mod log;
 pub mod outbox;
 pub mod queue;
+pub mod replay;
+pub mod replay_pages;
+pub mod replay_takeover;
 
 use std::fmt::Debug;
 
-use crate::{EntityStore, ErrorKind, JobQueue, LogStore, Result};
+use crate::{EntityStore, ErrorKind, JobQueue, LogStore, ReplayStore, Result};
 
 /// Runs every case of the three suites: the log store's, the entity store's, then the queue's.
 /// The queue must be one nobody else uses (see the [isolation rule](super#isolation)).
@@ -115,6 +118,32 @@ pub async fn run_entity_store(store: &dyn EntityStore) {
             entity::secret_rotation_keeps_the_previous_secret,
             entity::deleting_a_tenant_removes_its_destinations,
         ]
+    );
+}
+
+/// Runs every [`ReplayStore`] case. Cases use their own tenants and assert only on their own
+/// replays, so the store may be shared.
+pub async fn run_replay_store(store: &dyn ReplayStore) {
+    run_cases!(
+        "replay",
+        store,
+        [
+            replay::replays_round_trip_and_are_tenant_scoped,
+            replay::progress_is_saved_under_the_lease,
+            replay_takeover::expired_replays_are_taken_over_once,
+            replay_takeover::released_replays_are_taken_over_at_once,
+            replay::finished_replays_are_deleted_by_age,
+        ]
+    );
+}
+
+/// Runs the [`ReplayStore`] cases of a store that shares a queue
+/// ([`ReplayStore::commits_queue_work`]). The queue must be idle and used by nobody else.
+pub async fn run_replay_pages(stores: replay_pages::PageStores<'_>) {
+    run_cases!(
+        "replay",
+        stores,
+        [replay_pages::page_work_commits_with_progress]
     );
 }
 
