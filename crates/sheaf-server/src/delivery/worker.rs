@@ -135,8 +135,8 @@ const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(10);
 
 /// A reschedule that does not count as an attempt, after `SHEAF_RETRY_NOT_READY_DELAY`, or,
 /// for a retry whose previous attempt is a while old, a quarter of that age (at most
-/// [`NOT_READY_MAX_DELAY`]): a job that waits on something slow is looked at a few times, not
-/// claimed and put back in a loop.
+/// [`NOT_READY_MAX_DELAY`], unless the setting is longer): a job that waits on something slow is
+/// looked at a few times, not claimed and put back in a loop.
 fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
     core.metrics.delivery(DeliveryOutcome::NotReady);
     let now = Timestamp::now();
@@ -150,7 +150,9 @@ fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
                 .ok()
         })
         .unwrap_or_default();
-    let delay = (waited / 4).clamp(core.config.retry.not_ready_delay, NOT_READY_MAX_DELAY);
+    // The setting is the floor even where it is longer than the usual ceiling.
+    let floor = core.config.retry.not_ready_delay;
+    let delay = (waited / 4).min(NOT_READY_MAX_DELAY).max(floor);
     Outcome::Reschedule(Reschedule {
         lease: claimed.lease,
         due_at: now.saturating_add(jittered(delay, 20)),
