@@ -139,23 +139,13 @@ const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(10);
 /// looked at a few times, not claimed and put back in a loop.
 fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
     core.metrics.delivery(DeliveryOutcome::NotReady);
-    let now = Timestamp::now();
-    let waited = claimed
-        .job
-        .last_attempt_time
-        .and_then(|t| {
-            now.as_datetime()
-                .signed_duration_since(t.as_datetime())
-                .to_std()
-                .ok()
-        })
-        .unwrap_or_default();
+    let waited = claimed.job.last_attempt_time.map(age).unwrap_or_default();
     // The setting is the floor even where it is longer than the usual ceiling.
     let floor = core.config.retry.not_ready_delay;
     let delay = (waited / 4).min(NOT_READY_MAX_DELAY).max(floor);
     Outcome::Reschedule(Reschedule {
         lease: claimed.lease,
-        due_at: now.saturating_add(jittered(delay, 20)),
+        due_at: Timestamp::now().saturating_add(jittered(delay, 20)),
         attempt_number: claimed.job.attempt_number,
         last_attempt_time: claimed.job.last_attempt_time,
     })
@@ -271,11 +261,15 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
 
 /// Whether an attempt made at `time` should be found in the log store by now.
 fn logged_by_now(time: Timestamp) -> bool {
-    Timestamp::now()
+    age(time) > ATTEMPT_LOGGED_WITHIN
+}
+
+/// How long ago `time` was; zero for a time in the future.
+fn age(time: Timestamp) -> Duration {
+    let since = Timestamp::now()
         .as_datetime()
-        .signed_duration_since(time.as_datetime())
-        .to_std()
-        .is_ok_and(|age| age > ATTEMPT_LOGGED_WITHIN)
+        .signed_duration_since(time.as_datetime());
+    since.to_std().unwrap_or_default()
 }
 
 /// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
