@@ -1,9 +1,9 @@
 //! Fuzz target `publish_body`: arbitrary bytes as the body of `POST /api/v1/publish`.
 //!
 //! Run with `cargo +nightly fuzz run publish_body -- -dict=dict/publish_body.dict` from `fuzz/`.
-//! The target compiles sheaf-server's `src/ingest/body.rs` itself (the module uses only serde,
-//! serde_json and sheaf-store), so it runs exactly the parsing and validation the API runs
-//! before it looks at the tenant, without building the service. Any panic (a stack overflow
+//! The target calls the engine's publish body parser (`sheaf_engine::body`, built without any
+//! store or destination feature), so it runs exactly the parsing and validation the API runs
+//! before it looks at the tenant, without building the service's HTTP stack or database drivers. Any panic (a stack overflow
 //! on deep nesting included) is a bug; beyond that the target checks what the rest of the
 //! service relies on: an accepted body has ids and a topic that pass the stores' checks again,
 //! no `cdc-` id, and `data` that serializes (the webhook body) and parses back.
@@ -12,9 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../crates/sheaf-server/src/ingest/body.rs"]
-#[allow(dead_code)]
-mod body;
+use sheaf_engine::body;
 
 fuzz_target!(|data: &[u8]| {
     match body::parse_publish(data) {

@@ -17,7 +17,7 @@ const GENERATORS: &[(&str, &str)] = &[
     ),
     (
         "sheaf-server",
-        "state::metrics::docs::operations_md_documents_every_metric_the_page_renders",
+        "runbook::operations_md_documents_every_metric_the_page_renders",
     ),
 ];
 

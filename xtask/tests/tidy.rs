@@ -10,33 +10,29 @@
 //!   elsewhere, numbered write-ups, issue numbers of a tracker): a comment explains the
 //!   mechanism in the project's own words, and a measurement is cited from
 //!   `docs/benchmarks.md`, where it is written down with what produced it;
-//! - the folders of `crates/sheaf-server/src/` depend one way, down the ranks of
-//!   [`SERVER_LAYERS`], and its engine names no destination crate;
+//! - the folders of `crates/sheaf-engine/src/` depend one way, down the ranks of
+//!   [`ENGINE_LAYERS`], and name no destination crate (the HTTP layer sees the engine only
+//!   through its façade: that boundary is the crate, which the compiler checks);
 //! - a Rust file longer than [`LONG_FILE_LINES`] lines says why in its leading comment,
 //!   so a long file is a decision rather than an accident.
 
 use std::path::{Path, PathBuf};
 
-/// The folders of `crates/sheaf-server/src/` and their ranks. A file inside a folder may name
+/// The folders of `crates/sheaf-engine/src/` and their ranks. A file inside a folder may name
 /// (with `crate::<folder>` or `super::…::<folder>`) only folders of a lower rank:
 ///
 /// ```text
-/// settings (0) <- state (1) <- ingest (2), delivery (2) <- http (3)
+/// config (0) <- state (1) <- ingest (2), delivery (2)
 /// ```
 ///
-/// `settings` is the parsed configuration and names nothing else of the crate; `state` is what
-/// the API and the engine share, built from settings; `ingest` (publishing, the CDC source) and
-/// `delivery` (dispatcher, workers, webhooks) both run on that state and never name each other,
-/// so either can change without the other; `http` serves the API on top of all of them. Files
-/// directly in `src/` (`lib.rs`, `main.rs`, `server.rs`, …) wire the folders together and are
-/// outside the rule. A new folder gets a rank here before it may exist.
-const SERVER_LAYERS: &[(&str, u32)] = &[
-    ("settings", 0),
-    ("state", 1),
-    ("ingest", 2),
-    ("delivery", 2),
-    ("http", 3),
-];
+/// `config` is what the engine runs with and names nothing else of the crate; `state` is what
+/// the front door and the workers share, built from it; `ingest` (publishing, the CDC source)
+/// and `delivery` (dispatcher, workers, completer) both run on that state and never name each
+/// other, so either can change without the other. Files directly in `src/` (`lib.rs`,
+/// `engine.rs`, `health.rs`, …) wire the folders together and are outside the rule. A new
+/// folder gets a rank here before it may exist.
+const ENGINE_LAYERS: &[(&str, u32)] =
+    &[("config", 0), ("state", 1), ("ingest", 2), ("delivery", 2)];
 
 /// Files longer than this many lines must say why (see [`no_long_files_without_a_reason`]).
 const LONG_FILE_LINES: usize = 600;
@@ -381,11 +377,11 @@ fn module_depth(src: &Path, file: &Path) -> usize {
     parts.len()
 }
 
-/// Every edge against [`SERVER_LAYERS`] in the folders under `src`, and every folder without
+/// Every edge against [`ENGINE_LAYERS`] in the folders under `src`, and every folder without
 /// a rank. Folders of the table that do not exist are nothing to check.
 fn layer_offences(src: &Path) -> Vec<String> {
     let rank = |name: &str| {
-        SERVER_LAYERS
+        ENGINE_LAYERS
             .iter()
             .find(|(folder, _)| *folder == name)
             .map(|(_, rank)| *rank)
@@ -401,7 +397,7 @@ fn layer_offences(src: &Path) -> Vec<String> {
         let from = folder.file_name().unwrap().to_string_lossy().into_owned();
         let Some(from_rank) = rank(&from) else {
             offences.push(format!(
-                "{}: folder `{from}` has no rank: add it to SERVER_LAYERS in xtask/tests/tidy.rs \
+                "{}: folder `{from}` has no rank: add it to ENGINE_LAYERS in xtask/tests/tidy.rs \
                  (and to docs/ARCHITECTURE.md)",
                 shown(&folder)
             ));
@@ -426,13 +422,13 @@ fn layer_offences(src: &Path) -> Vec<String> {
 }
 
 #[test]
-fn sheaf_server_layers_depend_one_way() {
-    let src = workspace_root().join("crates/sheaf-server/src");
+fn sheaf_engine_layers_depend_one_way() {
+    let src = workspace_root().join("crates/sheaf-engine/src");
     let offences = layer_offences(&src);
     assert!(
         offences.is_empty(),
-        "sheaf-server's folders must depend one way, settings <- state <- ingest / delivery <- \
-         http (a folder names only folders of a lower rank; ingest and delivery never name each \
+        "sheaf-engine's folders must depend one way, config <- state <- ingest / delivery (a \
+         folder names only folders of a lower rank; ingest and delivery never name each \
          other):\n{}",
         offences.join("\n")
     );
@@ -446,7 +442,10 @@ fn destination_crates() -> Vec<String> {
     for entry in std::fs::read_dir(&crates).unwrap() {
         let dir = entry.unwrap().path();
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        if matches!(name.as_str(), "sheaf-destination" | "sheaf-server") {
+        if matches!(
+            name.as_str(),
+            "sheaf-destination" | "sheaf-engine" | "sheaf-server"
+        ) {
             continue;
         }
         let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
@@ -471,10 +470,12 @@ fn the_engine_names_no_destination_type() {
         crates.iter().any(|c| c == "sheaf_webhook"),
         "the destination crates were not found: {crates:?}"
     );
-    let src = workspace_root().join("crates/sheaf-server/src");
+    let engine = workspace_root().join("crates/sheaf-engine/src");
+    let server = workspace_root().join("crates/sheaf-server/src");
     let mut offences = Vec::new();
-    for folder in ["state", "ingest", "delivery", "http"] {
-        for file in files_under(&src.join(folder), &[".rs"]) {
+    let folders = ["state", "ingest", "delivery"].map(|folder| engine.join(folder));
+    for folder in folders.iter().chain([&server]) {
+        for file in files_under(folder, &[".rs"]) {
             let text = std::fs::read_to_string(&file).unwrap();
             for (n, line) in text.lines().enumerate() {
                 if let Some(name) = crates.iter().find(|c| line.contains(c.as_str())) {
@@ -486,7 +487,7 @@ fn the_engine_names_no_destination_type() {
     assert!(
         offences.is_empty(),
         "the engine reaches destination types only through Core::destinations; only \
-         src/destinations.rs (and the root files) name them:\n{}",
+         sheaf-engine's src/destinations.rs names them, and the service none:\n{}",
         offences.join("\n")
     );
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use serde_json::{Value, json};
-use sheaf_server::state::backoff::Backoff;
+use sheaf_engine::backoff::Backoff;
 use sheaf_testenv::process::status_kib;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

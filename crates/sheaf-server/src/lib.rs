@@ -1,34 +1,27 @@
-//! The `sheaf` service: HTTP API, signed webhook delivery, coalesced retries, one claimer per
-//! process.
+//! The `sheaf` service: the engine ([`sheaf_engine`]) behind an HTTP API, configured by
+//! `SHEAF_*` settings.
 //!
-//! The crate is in layers, each folder naming only the folders below it (a tidy test in
-//! `xtask/tests/tidy.rs` enforces it):
+//! The crate is in three parts, each naming only the ones before it:
 //!
 //! ```text
-//!  settings  ←  state  ←  ingest    ←  http  ←  server.rs, telemetry.rs, main.rs
-//!                      ←  delivery  ←
+//!  settings  ←  http  ←  server.rs, telemetry.rs, main.rs
 //! ```
 //!
-//! - [`settings`]: every `SHEAF_*` setting, from one typed table, into one [`Config`].
-//! - [`state`]: what one process shares: the stores, the caches, the coalesced paths to the log
-//!   store, sealed secrets, metrics, the backoff rule.
-//! - [`ingest`]: the ways events and jobs come in: publish, manual retry, the CDC source.
-//! - [`delivery`]: the way they go out: dispatcher, workers, completer, webhooks, the guard.
+//! - [`settings`]: every `SHEAF_*` setting, from one typed table, into one [`Config`] (the
+//!   engine's part of it is a [`sheaf_engine::EngineConfig`]).
 //! - [`http`]: the API: routes, authentication, handlers, the OpenAPI document, the mapping of
-//!   every error to a status code.
+//!   every error to a status code. It reaches the engine only through its façade
+//!   ([`sheaf_engine::Engine`]); the crate boundary is what enforces that.
 //! - [`server`]: start and graceful stop, used by the binary and by the tests.
 //! - [`telemetry`]: where log lines and, with `SHEAF_OTLP_ENDPOINT`, trace spans go.
 
-pub mod delivery;
-pub mod destinations;
-mod health;
 pub mod http;
-pub mod ingest;
+#[cfg(test)]
+mod runbook;
 pub mod server;
 pub mod settings;
-pub mod state;
 pub mod telemetry;
 
 pub use server::{Running, start, start_with};
 pub use settings::{Config, ConfigError, SETTINGS};
-pub use state::{Migrate, Stores};
+pub use sheaf_engine::{Migrate, Stores};

@@ -5,8 +5,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use sheaf_engine::reseal::{MAX_BATCH, ResealOptions, reseal_configured};
 use sheaf_server::settings::{LogStoreKind, QueueKind, settings_help};
-use sheaf_server::state::reseal::{MAX_BATCH, ResealOptions, reseal_configured};
 use sheaf_server::{Config, Migrate, Stores};
 
 fn usage() -> String {
@@ -122,7 +122,7 @@ fn reseal_options(args: &[String]) -> anyhow::Result<ResealOptions> {
 /// Re-seals (or with `--check` counts) and prints what it did; fails when anything is left
 /// under another key, so a script can wait for a clean `--check`.
 async fn reseal_secrets(config: Config, options: ResealOptions) -> anyhow::Result<()> {
-    let Some(report) = reseal_configured(&config, options).await? else {
+    let Some(report) = reseal_configured(&config.engine, options).await? else {
         println!(
             "the entity store is in this process's memory (neither SHEAF_QUEUE nor SHEAF_LOG_STORE is postgres): nothing is stored across processes, so there is nothing to re-seal (every write is sealed with SHEAF_SECRETS_KEY)"
         );
@@ -153,10 +153,10 @@ async fn reseal_secrets(config: Config, options: ResealOptions) -> anyhow::Resul
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {
-    Stores::connect(&config, Migrate::Yes).await?;
+    Stores::connect(&config.engine, Migrate::Yes).await?;
     tracing::info!(
-        log_store = ?config.log_store,
-        queue = ?config.queue,
+        log_store = ?config.engine.log_store,
+        queue = ?config.engine.queue,
         "schemas are up to date"
     );
     Ok(())
@@ -164,14 +164,16 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let open_admin = config.api_key.is_none();
-    let plaintext_secrets_in_postgres = config.secrets_key.is_none()
-        && (config.log_store == LogStoreKind::Postgres || config.queue == QueueKind::Postgres);
-    let nothing_delivers = config.delivery_workers == 0 && config.queue == QueueKind::Memory;
+    let plaintext_secrets_in_postgres = config.engine.secrets_key.is_none()
+        && (config.engine.log_store == LogStoreKind::Postgres
+            || config.engine.queue == QueueKind::Postgres);
+    let nothing_delivers =
+        config.engine.delivery_workers == 0 && config.engine.queue == QueueKind::Memory;
     let running = sheaf_server::start(config.clone()).await?;
     tracing::info!(
         addr = %running.addr,
-        log_store = ?config.log_store,
-        queue = ?config.queue,
+        log_store = ?config.engine.log_store,
+        queue = ?config.engine.queue,
         "sheaf {} is listening on http://{}",
         env!("CARGO_PKG_VERSION"),
         running.addr
@@ -187,7 +189,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             "SHEAF_SECRETS_KEY is not set: destination signing secrets and config.url passwords are stored in Postgres as they are; set it to encrypt them at rest"
         );
     }
-    if let Some(key) = &config.secrets_key {
+    if let Some(key) = &config.engine.secrets_key {
         tracing::info!(
             key_id = key.id(),
             previous_key_id = key.previous_id(),

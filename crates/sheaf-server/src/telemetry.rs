@@ -73,7 +73,7 @@ pub fn init(config: &Config, runtime: tokio::runtime::Handle) -> anyhow::Result<
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(OtlpClient {
-            http: otlp_http_client(config.tls_ca_file.as_deref())?,
+            http: otlp_http_client(config.engine.tls_ca_file.as_deref())?,
             runtime,
         })
         .with_endpoint(format!("{endpoint}/v1/traces"))

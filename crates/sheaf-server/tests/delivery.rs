@@ -174,7 +174,7 @@ async fn the_same_id_is_delivered_once_even_after_its_job_is_gone() {
     assert!(receiver.delivers_all(&ids, Duration::from_secs(10)).await);
     // Let the completer remove the job.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let depth = server.core.stores.queue.depth().await.unwrap();
+    let depth = server.engine.queue_depth().await.unwrap();
     assert_eq!(
         depth.due + depth.scheduled + depth.claimed,
         0,
@@ -187,8 +187,7 @@ async fn the_same_id_is_delivered_once_even_after_its_job_is_gone() {
         .publish("idem", "order-1", json!({ "total": 5 }))
         .await;
     assert_eq!(again.body, json!({ "id": "order-1", "duplicate": true }));
-    server.core.accepted.invalidate_all();
-    server.core.fresh.invalidate_all();
+    server.engine.forget_remembered_events();
     let again = client
         .publish("idem", "order-1", json!({ "total": 5 }))
         .await;
@@ -384,7 +383,7 @@ async fn graceful_shutdown_finishes_in_flight_deliveries_and_releases_the_rest()
         .await;
     let ids = publish_many(&client, "graceful", "g", 10, 10).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let core = std::sync::Arc::clone(&server.core);
+    let engine = server.engine.clone();
     server.shutdown().await;
 
     let delivered = receiver.delivered_ids();
@@ -392,24 +391,22 @@ async fn graceful_shutdown_finishes_in_flight_deliveries_and_releases_the_rest()
         (2..ids.len()).contains(&delivered.len()),
         "in-flight deliveries finished, the rest did not start: {delivered:?}"
     );
-    let depth = core.stores.queue.depth().await.unwrap();
+    let depth = engine.queue_depth().await.unwrap();
     assert_eq!(depth.claimed, 0, "no claim is left held: {depth:?}");
     assert_eq!(
         depth.due as usize,
         ids.len() - delivered.len(),
         "every undelivered job is claimable again at once: {depth:?}"
     );
+    let page = engine.metrics_page().await;
     assert!(
-        core.metrics
-            .jobs_released
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 0,
+        sheaf_engine::metrics::sample_value(&page, "sheaf_jobs_released_total").unwrap_or(0.0)
+            > 0.0,
         "unstarted claims were released"
     );
     // The write coalescer was flushed: every delivery made is in the log.
-    let logged = core
-        .stores
-        .log
+    let logged = engine
+        .log()
         .list_attempts(
             &"graceful".parse().unwrap(),
             &Default::default(),

@@ -169,7 +169,7 @@ impl Client {
     /// A sample from `/metrics`.
     pub async fn metric(&self, name: &str) -> f64 {
         let page = self.text("/metrics").await;
-        sheaf_server::state::metrics::sample_value(&page, name).unwrap_or(0.0)
+        sheaf_engine::metrics::sample_value(&page, name).unwrap_or(0.0)
     }
 }
 

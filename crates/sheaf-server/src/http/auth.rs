@@ -15,9 +15,9 @@ use sheaf_store::TenantId;
 use subtle::ConstantTimeEq as _;
 
 use crate::http::error::ApiError;
+use crate::http::extract::App;
 use crate::http::extract::AppState;
 use crate::http::tokens::{looks_like_token, unix_now};
-use crate::state::Core;
 
 /// Who may call a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,8 +100,8 @@ fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
 }
 
 /// Who presented what: the admin key, a valid tenant token, or why the answer is `401`.
-fn authenticate(core: &Core, headers: &axum::http::HeaderMap) -> Result<Principal, String> {
-    let Some(admin) = core.config.api_key.as_ref() else {
+fn authenticate(app: &App, headers: &axum::http::HeaderMap) -> Result<Principal, String> {
+    let Some(admin) = app.config.api_key.as_ref() else {
         // No SHEAF_API_KEY: the admin API is open (loopback only, see `settings::check_admin_access`).
         return Ok(Principal::Admin);
     };
@@ -119,7 +119,7 @@ fn authenticate(core: &Core, headers: &axum::http::HeaderMap) -> Result<Principa
     if !looks_like_token(presented) {
         return Err("the admin key is wrong".to_owned());
     }
-    let Some(key) = core.config.token_signing_key.as_ref() else {
+    let Some(key) = app.config.token_signing_key.as_ref() else {
         return Err(
             "tenant tokens are not enabled on this server (SHEAF_TOKEN_SIGNING_KEY is not set)"
                 .to_owned(),
@@ -133,11 +133,11 @@ fn authenticate(core: &Core, headers: &axum::http::HeaderMap) -> Result<Principa
 /// The middleware of every protected route: authenticates, then checks the caller against the
 /// route's [`Access`], then hands the [`Principal`] to the handler.
 pub(crate) async fn authorize(
-    State((core, access)): State<(AppState, Access)>,
+    State((app, access)): State<(AppState, Access)>,
     request: Request,
     next: Next,
 ) -> Response {
-    let principal = match authenticate(&core, request.headers()) {
+    let principal = match authenticate(&app, request.headers()) {
         Ok(principal) => principal,
         Err(why) => return unauthorized(&why),
     };

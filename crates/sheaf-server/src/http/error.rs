@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sheaf_store::ErrorKind;
 
-use crate::ingest::PublishError;
+use sheaf_engine::PublishError;
 
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +124,8 @@ impl From<PublishError> for ApiError {
                 retry_after,
             } => Self::overloaded(message, retry_after),
             PublishError::Internal(message) => Self::internal(message),
+            // A kind added to the engine after this mapping: a 500 that still says what it was.
+            other => Self::internal(other.to_string()),
         }
     }
 }

@@ -10,11 +10,20 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::http::error::ApiError;
-use crate::ingest::body::{BodyError, parse_json};
-use crate::state::Core;
+use crate::settings::Config;
+use sheaf_engine::body::{BodyError, parse_json};
+
+/// What every handler works with: the engine's handle and the service's configuration.
+#[derive(Debug)]
+pub struct App {
+    /// The engine, through its façade only.
+    pub engine: sheaf_engine::Engine,
+    /// The settings the service runs with (the engine's are in `config.engine` too).
+    pub config: Config,
+}
 
 /// The state every handler gets.
-pub type AppState = Arc<Core>;
+pub type AppState = Arc<App>;
 
 /// Declares a body extractor: the body's bytes (413 over the body limit) turned into `Self`
 /// by `$parse`, with the API's errors.
@@ -126,14 +135,14 @@ impl From<BodyError> for ApiError {
 /// handler returns; `503 overloaded` with `Retry-After` when every place is taken. Put it before
 /// the body extractor so a refused publish is not read.
 #[derive(Debug)]
-pub struct PublishPlace(#[allow(dead_code)] crate::state::admission::InFlight);
+pub struct PublishPlace(#[allow(dead_code)] sheaf_engine::admission::InFlight);
 
 impl FromRequestParts<AppState> for PublishPlace {
     type Rejection = ApiError;
 
-    async fn from_request_parts(_parts: &mut Parts, core: &AppState) -> Result<Self, ApiError> {
-        core.admission
-            .enter()
+    async fn from_request_parts(_parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        app.engine
+            .admit()
             .map(PublishPlace)
             .map_err(|refused| ApiError::overloaded(refused.message, refused.retry_after))
     }

@@ -24,7 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::http::error::ApiError;
-use crate::state::trace::{continue_from_headers, record_ids};
+use sheaf_engine::trace::{continue_from_headers, record_ids};
 
 /// The header that carries the request id, both ways.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

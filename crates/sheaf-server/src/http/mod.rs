@@ -40,7 +40,7 @@ use routes::routes;
 
 /// Builds the router from [`routes`]: each protected route gets the authorization middleware
 /// with its own [`Access`].
-pub fn router(core: AppState) -> Router {
+pub fn router(app: AppState) -> Router {
     let mut router: Router<AppState> = Router::new();
     for route in routes() {
         let filter = MethodFilter::try_from(route.method.clone())
@@ -48,24 +48,27 @@ pub fn router(core: AppState) -> Router {
         let mut method_router = (route.handler)(filter);
         if route.access != Access::Open {
             method_router = method_router.route_layer(axum::middleware::from_fn_with_state(
-                (Arc::clone(&core), route.access),
+                (Arc::clone(&app), route.access),
                 authorize,
             ));
         }
         router = router.route(route.path, method_router);
     }
-    let max_body = core.config.max_body_bytes;
+    let max_body = app.config.max_body_bytes;
     // The document depends on the configuration only, which does not change while running.
-    let document = Arc::new(openapi::document(&core.config, &core.destinations));
-    let timeout = core.config.request_timeout;
-    let traced = core.traces.is_some();
+    let document = Arc::new(openapi::document(
+        &app.config,
+        app.engine.destination_types(),
+    ));
+    let timeout = app.config.request_timeout;
+    let traced = app.engine.traced();
     let router = router
         .merge(portal::routes())
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(Extension(document));
-    layers::wrap(router, timeout, traced).with_state(core)
+    layers::wrap(router, timeout, traced).with_state(app)
 }
 
 async fn route_not_found() -> ApiError {

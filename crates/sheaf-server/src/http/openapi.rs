@@ -614,7 +614,7 @@ mod tests {
     #[test]
     fn every_schema_reference_resolves() {
         let config = Config::load(std::collections::HashMap::new()).unwrap();
-        let destinations = crate::destinations::installed(&config).unwrap();
+        let destinations = sheaf_engine::destination_types(&config.engine).unwrap();
         let doc = document(&config, &destinations);
         let text = doc.to_string();
         let schemas = doc["components"]["schemas"].as_object().unwrap();

@@ -37,6 +37,7 @@ use sheaf_coalesce::{LookupConfig, WriteConfig};
 pub use cdc::{CdcSettings, TableTenants};
 pub use docs::{settings_help, with_part_between};
 pub use keys::{AdminKey, SecretsKey, TokenKey};
+pub use sheaf_engine::{EngineConfig, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig};
 pub use table::{Kind, SETTINGS, Setting};
 pub use values::{format_duration, parse_duration};
 
@@ -62,26 +63,6 @@ impl ConfigError {
     }
 }
 
-/// Where the log store lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogStoreKind {
-    /// In this process (the default).
-    Memory,
-    /// Postgres (`SHEAF_POSTGRES_URL`).
-    Postgres,
-    /// ClickHouse (`SHEAF_CLICKHOUSE_URL`).
-    ClickHouse,
-}
-
-/// Where the job queue lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueKind {
-    /// In this process (the default).
-    Memory,
-    /// Postgres (`SHEAF_POSTGRES_URL`), shared by every process that points at it.
-    Postgres,
-}
-
 /// How log lines are written (`SHEAF_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -91,36 +72,12 @@ pub enum LogFormat {
     Json,
 }
 
-/// The retry policy.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetryConfig {
-    /// Delay before retry n (1-based) is `schedule[min(n, len) - 1]`.
-    pub schedule: Vec<Duration>,
-    /// Attempts before dead-lettering.
-    pub max_attempts: u32,
-    /// Jitter, in percent of each delay, either way.
-    pub jitter_percent: u32,
-    /// Wait of a retry that found its previous attempt not logged yet.
-    pub not_ready_delay: Duration,
-    /// Bound on a destination's `Retry-After`.
-    pub retry_after_max: Duration,
-}
-
-impl RetryConfig {
-    /// The delay before the retry that follows failed attempt `attempt_number` (1-based), before jitter.
-    pub fn base_delay(&self, attempt_number: u32) -> Duration {
-        let index = usize::try_from(attempt_number.max(1) - 1).unwrap_or(usize::MAX);
-        self.schedule
-            .get(index)
-            .or(self.schedule.last())
-            .copied()
-            .unwrap_or(Duration::from_secs(60))
-    }
-}
-
-/// Everything the service runs with. Built by [`Config::load`]; tests build it from a map.
+/// Everything the service runs with: the engine's configuration and the HTTP front door's.
+/// Built by [`Config::load`]; tests build it from a map.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// What the engine runs with (stores, delivery, retries, bounds, CDC).
+    pub engine: EngineConfig,
     /// `SHEAF_LISTEN`.
     pub listen: SocketAddr,
     /// `SHEAF_API_KEY`.
@@ -131,111 +88,18 @@ pub struct Config {
     pub token_max_ttl: Duration,
     /// `SHEAF_PUBLIC_URL`: scheme, host and port, without a trailing slash.
     pub public_url: Option<String>,
-    /// `SHEAF_SECRETS_KEY`: destination secrets (and passwords in `config.url`) are sealed with
-    /// it in every entity store; with `SHEAF_SECRETS_KEY_PREVIOUS` beside it, values sealed
-    /// with that one still open.
-    pub secrets_key: Option<SecretsKey>,
-    /// `SHEAF_LOG_STORE`.
-    pub log_store: LogStoreKind,
-    /// `SHEAF_QUEUE`.
-    pub queue: QueueKind,
-    /// `SHEAF_POSTGRES_URL`.
-    pub postgres_url: Option<String>,
-    /// `SHEAF_CLICKHOUSE_URL`.
-    pub clickhouse_url: Option<String>,
-    /// `SHEAF_POSTGRES_SCHEMA`.
-    pub postgres_schema: String,
-    /// `SHEAF_CLICKHOUSE_DATABASE`.
-    pub clickhouse_database: String,
-    /// `SHEAF_RETRY_*` except the lookup.
-    pub retry: RetryConfig,
-    /// `SHEAF_RETRY_LOOKUP_*`: the coalescer in front of `LogStore::latest_attempts`.
-    pub retry_lookup: LookupConfig,
-    /// `SHEAF_EVENT_LOOKUP_BATCH_SIZE`: the coalescer in front of `LogStore::get_events`.
-    pub event_lookup: LookupConfig,
-    /// `SHEAF_FRESH_EVENT_CACHE`.
-    pub fresh_event_cache: u64,
-    /// `SHEAF_DELIVERY_WORKERS`.
-    pub delivery_workers: usize,
-    /// `SHEAF_DELIVERY_TIMEOUT`.
-    pub delivery_timeout: Duration,
-    /// `SHEAF_QUEUE_LEASE`.
-    pub queue_lease: Duration,
-    /// `SHEAF_QUEUE_POLL_INTERVAL`.
-    pub queue_poll_interval: Duration,
-    /// `SHEAF_COMPLETER_FLUSH_INTERVAL`.
-    pub completer_flush_interval: Duration,
-    /// `SHEAF_COMPLETER_MAX_BATCH`.
-    pub completer_max_batch: usize,
-    /// `SHEAF_LOG_WRITE_*`.
-    pub log_write: WriteConfig,
-    /// `SHEAF_LOG_SHIP_INTERVAL`.
-    pub log_ship_interval: Duration,
-    /// `SHEAF_MAX_PUBLISHES_IN_FLIGHT`.
-    pub max_publishes_in_flight: usize,
-    /// `SHEAF_MEMORY_LOG_*`: what the memory log keeps besides the events still owed a delivery.
-    pub memory_log_retention: sheaf_memory::LogRetention,
-    /// `SHEAF_MEMORY_MAX_PENDING_EVENTS`.
-    pub memory_max_pending_events: u64,
-    /// `SHEAF_MEMORY_MAX_PENDING_BYTES`.
-    pub memory_max_pending_bytes: u64,
-    /// `SHEAF_OUTBOX_MAX_EVENTS`.
-    pub outbox_max_events: u64,
-    /// `SHEAF_IDEMPOTENCY_WINDOW`.
-    pub idempotency_window: Duration,
     /// `SHEAF_MAX_BODY_BYTES`.
     pub max_body_bytes: usize,
     /// `SHEAF_REQUEST_TIMEOUT`.
     pub request_timeout: Duration,
-    /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
-    pub allow_private_destinations: bool,
-    /// `SHEAF_SECRET_ROTATION_GRACE`.
-    pub secret_rotation_grace: Duration,
-    /// `SHEAF_ENTITY_CACHE_TTL`.
-    pub entity_cache_ttl: Duration,
-    /// `SHEAF_SHUTDOWN_TIMEOUT`.
-    pub shutdown_timeout: Duration,
     /// `SHEAF_LOG`.
     pub log_filter: String,
     /// `SHEAF_LOG_FORMAT`.
     pub log_format: LogFormat,
-    /// `SHEAF_EGRESS_PROXY`: the proxy webhook deliveries go through.
-    pub egress_proxy: Option<reqwest::Url>,
-    /// `SHEAF_TLS_CA_FILE`: CA certificates every TLS connection trusts besides the roots.
-    pub tls_ca_file: Option<PathBuf>,
     /// `SHEAF_OTLP_ENDPOINT`: where traces go; `None`, no traces.
     pub otlp_endpoint: Option<String>,
     /// `SHEAF_OTLP_SAMPLE_PERCENT`.
     pub otlp_sample_percent: u32,
-    /// `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES`; 0 = never.
-    pub disable_after_failures: u32,
-    /// `SHEAF_OPERATOR_WEBHOOK_URL` and `SHEAF_OPERATOR_WEBHOOK_SECRET`: where operator events go.
-    pub operator_webhook: Option<OperatorWebhook>,
-    /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
-    pub cdc: Option<CdcSettings>,
-}
-
-/// Where operator events are delivered, and the secret that signs them.
-#[derive(Clone)]
-pub struct OperatorWebhook {
-    /// `SHEAF_OPERATOR_WEBHOOK_URL`.
-    pub url: reqwest::Url,
-    /// `SHEAF_OPERATOR_WEBHOOK_SECRET`.
-    pub secret: sheaf_store::Secret,
-}
-
-impl std::fmt::Debug for OperatorWebhook {
-    /// The secret as a fingerprint (the first bytes of its SHA-256), never itself: enough to
-    /// tell two configurations apart.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use sha2::Digest as _;
-        let digest = sha2::Sha256::digest(self.secret.expose().as_bytes());
-        let fingerprint: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-        f.debug_struct("OperatorWebhook")
-            .field("url", &self.url.as_str())
-            .field("secret_sha256_prefix", &fingerprint)
-            .finish()
-    }
 }
 
 impl Config {
@@ -273,12 +137,8 @@ impl Config {
             postgres_stores.then_some(stores.postgres_schema.as_str()),
             tls_ca_file.as_deref(),
         )?;
-        Ok(Self {
-            listen,
-            api_key,
-            token_signing_key,
-            token_max_ttl: values.duration(&s::TOKEN_MAX_TTL)?,
-            public_url: parse_public_url(&values)?,
+        let otlp_endpoint = parse_otlp_endpoint(&values)?;
+        let engine = EngineConfig {
             secrets_key,
             log_store: stores.log_store,
             queue: stores.queue,
@@ -329,21 +189,30 @@ impl Config {
             memory_max_pending_bytes: values.int(&s::MEMORY_MAX_PENDING_BYTES)?,
             outbox_max_events: values.int(&s::OUTBOX_MAX_EVENTS)?,
             idempotency_window: values.duration(&s::IDEMPOTENCY_WINDOW)?,
-            max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
-            request_timeout: values.duration(&s::REQUEST_TIMEOUT)?,
             allow_private_destinations: values.bool(&s::ALLOW_PRIVATE_DESTINATIONS)?,
             egress_proxy: parse_egress_proxy(&values)?,
             tls_ca_file,
             secret_rotation_grace: values.duration(&s::SECRET_ROTATION_GRACE)?,
             entity_cache_ttl: values.duration(&s::ENTITY_CACHE_TTL)?,
             shutdown_timeout: values.duration(&s::SHUTDOWN_TIMEOUT)?,
-            log_filter: values.get(&s::LOG).unwrap_or_default(),
-            log_format: [LogFormat::Text, LogFormat::Json][values.choice(&s::LOG_FORMAT)?],
-            otlp_endpoint: parse_otlp_endpoint(&values)?,
-            otlp_sample_percent: values.u32(&s::OTLP_SAMPLE_PERCENT)?,
             disable_after_failures: values.u32(&s::DESTINATION_DISABLE_AFTER_FAILURES)?,
             operator_webhook: parse_operator_webhook(&values)?,
+            traces: otlp_endpoint.is_some(),
             cdc,
+        };
+        Ok(Self {
+            engine,
+            listen,
+            api_key,
+            token_signing_key,
+            token_max_ttl: values.duration(&s::TOKEN_MAX_TTL)?,
+            public_url: parse_public_url(&values)?,
+            max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
+            request_timeout: values.duration(&s::REQUEST_TIMEOUT)?,
+            log_filter: values.get(&s::LOG).unwrap_or_default(),
+            log_format: [LogFormat::Text, LogFormat::Json][values.choice(&s::LOG_FORMAT)?],
+            otlp_endpoint,
+            otlp_sample_percent: values.u32(&s::OTLP_SAMPLE_PERCENT)?,
         })
     }
 }
@@ -508,7 +377,7 @@ fn parse_public_url(values: &Values) -> Result<Option<String>, ConfigError> {
 }
 
 /// `SHEAF_EGRESS_PROXY`: an `http` or `https` URL with a host and a port, nothing after it.
-fn parse_egress_proxy(values: &Values) -> Result<Option<reqwest::Url>, ConfigError> {
+fn parse_egress_proxy(values: &Values) -> Result<Option<url::Url>, ConfigError> {
     let Some(raw) = values.optional(&s::EGRESS_PROXY) else {
         return Ok(None);
     };

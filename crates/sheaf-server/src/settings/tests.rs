@@ -18,8 +18,8 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 fn defaults_load() {
     let config = Config::load(HashMap::new()).unwrap();
     assert_eq!(config.listen.to_string(), "127.0.0.1:8470");
-    assert_eq!(config.log_store, LogStoreKind::Memory);
-    assert_eq!(config.retry.schedule.len(), 5);
+    assert_eq!(config.engine.log_store, LogStoreKind::Memory);
+    assert_eq!(config.engine.retry.schedule.len(), 5);
 }
 
 /// A value other than the default, valid for the setting's kind; text settings have theirs
@@ -295,9 +295,9 @@ fn keys_are_checked_and_never_printed() {
         ("SHEAF_DELIVERY_WORKERS", "0"),
     ]))
     .unwrap();
-    assert!(config.token_signing_key.is_some() && config.secrets_key.is_some());
+    assert!(config.token_signing_key.is_some() && config.engine.secrets_key.is_some());
     assert_eq!(config.token_max_ttl, Duration::from_secs(30 * 86_400));
-    assert_eq!(config.delivery_workers, 0);
+    assert_eq!(config.engine.delivery_workers, 0);
     let printed = format!("{config:?}");
     assert!(!printed.contains(key32), "keys never appear in Debug");
     assert!(!printed.contains("admin-key-0123456789"), "{printed}");
@@ -330,11 +330,11 @@ fn the_file_sets_values_and_the_environment_wins() {
     ]))
     .unwrap();
     assert_eq!(
-        config.retry.schedule,
+        config.engine.retry.schedule,
         vec![Duration::from_secs(1), Duration::from_secs(2)]
     );
-    assert_eq!(config.retry.max_attempts, 3);
-    assert_eq!(config.delivery_workers, 9);
+    assert_eq!(config.engine.retry.max_attempts, 3);
+    assert_eq!(config.engine.delivery_workers, 9);
     std::fs::write(&path, "no_such_setting = 1\n").unwrap();
     let err = Config::load(env(&[("SHEAF_CONFIG_FILE", path.to_str().unwrap())])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_CONFIG_FILE");
@@ -355,7 +355,7 @@ fn cdc_env(extra: &[(&str, &str)]) -> HashMap<String, String> {
 
 #[test]
 fn the_cdc_source_is_off_by_default_and_built_from_its_settings() {
-    assert!(Config::load(HashMap::new()).unwrap().cdc.is_none());
+    assert!(Config::load(HashMap::new()).unwrap().engine.cdc.is_none());
     let config = Config::load(cdc_env(&[
         ("SHEAF_CDC_SLOT", "app_slot"),
         ("SHEAF_CDC_PUBLICATION", "app_pub"),
@@ -366,7 +366,7 @@ fn the_cdc_source_is_off_by_default_and_built_from_its_settings() {
         ("SHEAF_CDC_MAX_IN_FLIGHT", "4"),
     ]))
     .unwrap();
-    let cdc = config.cdc.expect("enabled");
+    let cdc = config.engine.cdc.expect("enabled");
     assert_eq!(cdc.source.slot, "app_slot");
     assert_eq!(cdc.source.publication, "app_pub");
     assert_eq!(cdc.source.connection.database, "app");
@@ -389,6 +389,7 @@ fn the_cdc_source_is_off_by_default_and_built_from_its_settings() {
         ("SHEAF_CDC_BATCH_WAIT", "5ms"),
     ]))
     .unwrap()
+    .engine
     .cdc
     .unwrap();
     assert_eq!(
@@ -479,7 +480,7 @@ fn invalid_cdc_values_name_their_setting() {
     }
     // Without SHEAF_CDC_ENABLED, the URL and the tenants are not required.
     let config = Config::load(env(&[("SHEAF_CDC_SLOT", "other_slot")])).unwrap();
-    assert!(config.cdc.is_none());
+    assert!(config.engine.cdc.is_none());
 }
 
 #[test]
@@ -490,7 +491,7 @@ fn sheaf_s_own_schema_never_feeds_the_catch_all() {
         ("SHEAF_POSTGRES_SCHEMA", "sheaf_x"),
     ]))
     .unwrap();
-    let tenants = config.cdc.unwrap().tenants;
+    let tenants = config.engine.cdc.unwrap().tenants;
     assert_eq!(tenants.tenant_for("sheaf_x", "events"), None);
     assert_eq!(tenants.tenant_for("app", "t").unwrap().as_str(), "other");
 }
@@ -498,7 +499,7 @@ fn sheaf_s_own_schema_never_feeds_the_catch_all() {
 #[test]
 fn retry_delays_repeat_the_last_entry() {
     let config = Config::load(env(&[("SHEAF_RETRY_SCHEDULE", "1s,2s")])).unwrap();
-    assert_eq!(config.retry.base_delay(1), Duration::from_secs(1));
-    assert_eq!(config.retry.base_delay(2), Duration::from_secs(2));
-    assert_eq!(config.retry.base_delay(9), Duration::from_secs(2));
+    assert_eq!(config.engine.retry.base_delay(1), Duration::from_secs(1));
+    assert_eq!(config.engine.retry.base_delay(2), Duration::from_secs(2));
+    assert_eq!(config.engine.retry.base_delay(9), Duration::from_secs(2));
 }

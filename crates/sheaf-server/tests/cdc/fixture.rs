@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use sheaf_engine::metrics::CdcState;
 use sheaf_server::Running;
-use sheaf_server::state::metrics::CdcState;
 use sheaf_testenv::postgres::drop_replication_slot_or_report;
 use sheaf_testenv::process::SheafProcess;
 use sheaf_testenv::receiver::Receiver;
@@ -168,11 +168,11 @@ where
 /// Waits (at most 30 s) until the in-process server's CDC source streams.
 pub(super) async fn wait_streaming(server: &Running) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while server.core.metrics.cdc.state() != CdcState::Streaming {
+    while server.engine.cdc().state() != CdcState::Streaming {
         assert!(
             Instant::now() < deadline,
             "the CDC source did not start: {:?}",
-            server.core.metrics.cdc.last_error()
+            server.engine.cdc().last_error()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

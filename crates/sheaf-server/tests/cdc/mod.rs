@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sheaf_server::state::metrics::CdcState;
+use sheaf_engine::metrics::CdcState;
 use sheaf_testenv::receiver::Receiver;
 use tokio::time::Instant;
 
@@ -186,7 +186,7 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
 
         // One acknowledgement per row, or per transaction with batch_transactions.
         let acks = if batch_transactions { 4 } else { 6 };
-        let metrics = &server.core.metrics.cdc;
+        let metrics = &server.engine.cdc();
         wait_until!("every message acknowledged", Duration::from_secs(10), {
             metrics.acks.load(Ordering::Relaxed) == acks
         });
@@ -228,7 +228,7 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
         assert_eq!(after, [key("insert", 10, 1)], "only the new change");
         assert_eq!(receiver.duplicates(), 0, "nothing was replayed");
         assert_eq!(
-            server.core.metrics.cdc.changes.load(Ordering::Relaxed),
+            server.engine.cdc().changes.load(Ordering::Relaxed),
             1,
             "the restarted source read one change"
         );
@@ -255,7 +255,7 @@ async fn a_change_for_a_missing_tenant_waits_unacknowledged_then_is_delivered() 
 
         // The tenant does not exist: every publish fails, the message is retried in place
         // (no restart), and nothing is acknowledged.
-        let metrics = &server.core.metrics.cdc;
+        let metrics = &server.engine.cdc();
         wait_until!("publish retried", Duration::from_secs(15), {
             metrics.publish_failures.load(Ordering::Relaxed) >= 3
         });
@@ -296,7 +296,7 @@ async fn a_second_process_on_the_same_slot_waits_and_takes_over() {
         wait_streaming(&active).await;
         // Postgres lets one connection read a slot: the standby's starts fail and are retried.
         let standby = start_server(env).await;
-        let cdc = &standby.core.metrics.cdc;
+        let cdc = &standby.engine.cdc();
         wait_until!("the standby retries", Duration::from_secs(20), {
             cdc.restarts.load(Ordering::Relaxed) >= 1
         });
@@ -358,7 +358,7 @@ async fn a_broken_stream_restarts_and_loses_nothing() {
             "INSERT INTO {t} SELECT g, 1, 'b' FROM generate_series(51, 100) g"
         ))
         .await;
-        let metrics = &server.core.metrics.cdc;
+        let metrics = &server.engine.cdc();
         wait_until!("the stream restarted", Duration::from_secs(20), {
             metrics.restarts.load(Ordering::Relaxed) >= 1
         });

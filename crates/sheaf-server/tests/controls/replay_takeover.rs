@@ -263,7 +263,7 @@ impl Doomed {
                 .expect("a runtime for process A");
             runtime.block_on(async move {
                 let config = Config::load(env).expect("test configuration is valid");
-                let mut stores = Stores::connect(&config, Migrate::Yes)
+                let mut stores = Stores::connect(&config.engine, Migrate::Yes)
                     .await
                     .expect("process A connects");
                 stores.replays = Arc::new(FreezingAfter {
@@ -363,7 +363,7 @@ async fn a_replay_is_handed_over_when_its_process_shuts_down() {
         return;
     };
     let config = Config::load(api_only(&setup.env)).expect("test configuration is valid");
-    let mut stores = Stores::connect(&config, Migrate::Yes)
+    let mut stores = Stores::connect(&config.engine, Migrate::Yes)
         .await
         .expect("process A connects");
     let saved = Arc::new(Frozen::default());

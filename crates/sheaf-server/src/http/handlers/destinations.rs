@@ -15,10 +15,10 @@ use sheaf_store::{
 };
 
 use crate::http::error::ApiError;
+use crate::http::extract::App;
 use crate::http::extract::{ApiJson, ApiPath, AppState};
-use crate::state::Core;
-use crate::state::url_password;
 use sheaf_destination::{ConfigError, DestinationType, Registry, generate_secret};
+use sheaf_engine::url_password;
 
 use crate::http::limits::{
     MAX_CUSTOM_HEADERS, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_TOPICS,
@@ -207,13 +207,17 @@ fn check_headers(
 }
 
 /// The destination type `name` names in this process, or a 400 listing the ones it has.
-fn destination_type<'a>(core: &'a Core, name: &str) -> Result<&'a dyn DestinationType, ApiError> {
-    core.destinations.get(name).map(|k| &**k).ok_or_else(|| {
-        ApiError::invalid(format!(
-            "{name:?} is not a destination type; this server has {}",
-            core.destinations.names().join(", ")
-        ))
-    })
+fn destination_type<'a>(app: &'a App, name: &str) -> Result<&'a dyn DestinationType, ApiError> {
+    app.engine
+        .destination_types()
+        .get(name)
+        .map(|k| &**k)
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "{name:?} is not a destination type; this server has {}",
+                app.engine.destination_types().names().join(", ")
+            ))
+        })
 }
 
 /// `config` as `kind` stores it, or a 400 naming the field at fault (`config.url: …`).
@@ -232,18 +236,18 @@ async fn checked_config(
 }
 
 pub(crate) async fn create_destination(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiJson(input): ApiJson<DestinationInput>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     not_operator_tenant(&tenant)?;
-    let kind_impl = destination_type(&core, &input.kind)?;
+    let kind_impl = destination_type(&app, &input.kind)?;
     let kind: DestinationKind = input.kind.parse()?;
     let topics = check_topics(input.topics)?;
     let filter = check_filter(input.filter)?;
     let rate_limit = check_rate_limit(input.rate_limit)?;
-    check_headers(&input.headers, &core.destinations)?;
+    check_headers(&input.headers, app.engine.destination_types())?;
     let config = checked_config(kind_impl, &input.config, None).await?;
     let now = Timestamp::now();
     let destination = Destination {
@@ -263,30 +267,26 @@ pub(crate) async fn create_destination(
         created_at: now,
         updated_at: now,
     };
-    core.entities
-        .store()
-        .create_destination(&destination)
-        .await?;
-    core.entities.invalidate(&tenant).await;
+    app.engine.create_destination(&destination).await?;
     Ok((StatusCode::CREATED, Json(destination_json(&destination))).into_response())
 }
 
 pub(crate) async fn list_destinations(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
-    let list = core.entities.store().list_destinations(&tenant).await?;
+    let tenant = existing_tenant(&app, raw).await?;
+    let list = app.engine.destinations(&tenant).await?;
     let items: Vec<Value> = list.iter().map(destination_json).collect();
     Ok(Json(json!({ "items": items })).into_response())
 }
 
 pub(crate) async fn get_destination(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    let (tenant, id) = existing_destination(&core, raw, &dest).await?;
-    match core.entities.store().get_destination(&tenant, &id).await? {
+    let (tenant, id) = existing_destination(&app, raw, &dest).await?;
+    match app.engine.destination(&tenant, &id).await? {
         Some(d) => Ok(Json(destination_json(&d)).into_response()),
         None => Err(ApiError::not_found(format!(
             "destination {id} does not exist"
@@ -295,27 +295,19 @@ pub(crate) async fn get_destination(
 }
 
 async fn apply_patch(
-    core: &Arc<Core>,
+    app: &Arc<App>,
     raw: String,
     dest: &str,
     patch: DestinationPatch,
 ) -> ApiResult {
-    let (tenant, id) = existing_destination(core, raw, dest).await?;
+    let (tenant, id) = existing_destination(app, raw, dest).await?;
     not_operator_tenant(&tenant)?;
-    let updated = core
-        .entities
-        .store()
-        .update_destination(&tenant, &id, &patch)
-        .await?;
-    core.entities.invalidate(&tenant).await;
-    if patch.config.is_some() {
-        core.destinations.forget(id);
-    }
+    let updated = app.engine.update_destination(&tenant, &id, &patch).await?;
     Ok(Json(destination_json(&updated)).into_response())
 }
 
 pub(crate) async fn patch_destination(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, dest)): ApiPath<(String, String)>,
     ApiJson(input): ApiJson<DestinationPatchInput>,
 ) -> ApiResult {
@@ -323,20 +315,19 @@ pub(crate) async fn patch_destination(
     let filter = input.filter.map(check_filter).transpose()?;
     let rate_limit = input.rate_limit.map(check_rate_limit).transpose()?;
     if let Some(headers) = &input.headers {
-        check_headers(headers, &core.destinations)?;
+        check_headers(headers, app.engine.destination_types())?;
     }
     let config = if let Some(config) = &input.config {
         // A config is its type's to check: read the destination's type first (a type never
         // changes, so nothing races this read).
-        let (tenant, id) = existing_destination(&core, raw.clone(), &dest).await?;
+        let (tenant, id) = existing_destination(&app, raw.clone(), &dest).await?;
         not_operator_tenant(&tenant)?;
-        let current = core
-            .entities
-            .store()
-            .get_destination(&tenant, &id)
+        let current = app
+            .engine
+            .destination(&tenant, &id)
             .await?
             .ok_or_else(|| ApiError::not_found(format!("destination {id} does not exist")))?;
-        let kind = destination_type(&core, current.kind.as_str())?;
+        let kind = destination_type(&app, current.kind.as_str())?;
         Some(checked_config(kind, config, Some(&current.config)).await?)
     } else {
         None
@@ -350,50 +341,42 @@ pub(crate) async fn patch_destination(
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };
-    apply_patch(&core, raw, &dest, patch).await
+    apply_patch(&app, raw, &dest, patch).await
 }
 
 pub(crate) async fn enable_destination(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    apply_patch(&core, raw, &dest, DestinationPatch::enabled(true)).await
+    apply_patch(&app, raw, &dest, DestinationPatch::enabled(true)).await
 }
 
 pub(crate) async fn disable_destination(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    apply_patch(&core, raw, &dest, DestinationPatch::enabled(false)).await
+    apply_patch(&app, raw, &dest, DestinationPatch::enabled(false)).await
 }
 
 pub(crate) async fn delete_destination(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    let (tenant, id) = existing_destination(&app, raw, &dest).await?;
     not_operator_tenant(&tenant)?;
-    core.entities
-        .store()
-        .delete_destination(&tenant, &id)
-        .await?;
-    core.entities.invalidate(&tenant).await;
-    core.destinations.forget(id);
+    app.engine.delete_destination(&tenant, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 pub(crate) async fn rotate_secret(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, dest)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    let (tenant, id) = existing_destination(&core, raw, &dest).await?;
+    let (tenant, id) = existing_destination(&app, raw, &dest).await?;
     not_operator_tenant(&tenant)?;
-    let expires = Timestamp::now().saturating_add(core.config.secret_rotation_grace);
-    let rotated = core
-        .entities
-        .store()
-        .rotate_secret(&tenant, &id, &generate_secret(), expires)
+    let rotated = app
+        .engine
+        .rotate_secret(&tenant, &id, &generate_secret())
         .await?;
-    core.entities.invalidate(&tenant).await;
     Ok(Json(destination_json(&rotated)).into_response())
 }

@@ -14,23 +14,23 @@ use sheaf_store::{
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery, AppState, PublishPlace};
-use crate::ingest::publish::PublishRequest;
-use crate::ingest::retry::RetryRequest;
+use sheaf_engine::body::PublishRequest;
+use sheaf_engine::requests::RetryRequest;
 
 use super::{ApiResult, existing_tenant, not_operator_tenant, tenant_id};
 
 pub(crate) async fn publish(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     // Before the body is read: past the bound a publish is refused without reading it.
     _place: PublishPlace,
     ApiJson(request): ApiJson<PublishRequest>,
 ) -> ApiResult {
-    let request = crate::ingest::body::validate_publish(request)?;
+    let request = sheaf_engine::body::validate_publish(request)?;
     // Before the tenant is looked up: a token learns nothing about other tenants.
     caller.may_act_for(&request.tenant_id)?;
     not_operator_tenant(&request.tenant_id)?;
-    let published = crate::ingest::publish::publish(&core, request).await?;
+    let published = app.engine.publish(request).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "id": published.id, "duplicate": published.repeat })),
@@ -93,29 +93,33 @@ pub(crate) struct EventQuery {
 }
 
 pub(crate) async fn list_events(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiQuery(query): ApiQuery<EventQuery>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let page = page_request(query.limit, query.next)?;
     let filter = EventFilter {
         // Empty means no filter, as in the attempts listing.
         topic: query.topic.filter(|t| !t.is_empty()),
         time: time_range(query.since, query.until)?,
     };
-    let events = core.stores.log.list_events(&tenant, &filter, &page).await?;
+    let events = app
+        .engine
+        .log()
+        .list_events(&tenant, &filter, &page)
+        .await?;
     Ok(Json(page_json(events, |e| json!(e))).into_response())
 }
 
 pub(crate) async fn get_event(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, event)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let id = EventId::new(event.clone())
         .map_err(|_| ApiError::not_found(format!("event {event:?} does not exist")))?;
-    match core.stores.log.get_event(&tenant, &id).await? {
+    match app.engine.log().get_event(&tenant, &id).await? {
         Some(e) => Ok(Json(e).into_response()),
         None => Err(ApiError::not_found(format!("event {id} does not exist"))),
     }
@@ -151,11 +155,11 @@ pub(crate) struct AttemptQuery {
 }
 
 pub(crate) async fn list_attempts(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiQuery(query): ApiQuery<AttemptQuery>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let page = page_request(query.limit, query.next)?;
     let filter = AttemptFilter {
         event_id: query
@@ -176,23 +180,23 @@ pub(crate) async fn list_attempts(
         topic: query.topic.filter(|s| !s.is_empty()),
         time: time_range(query.since, query.until)?,
     };
-    let attempts = core
-        .stores
-        .log
+    let attempts = app
+        .engine
+        .log()
         .list_attempts(&tenant, &filter, &page)
         .await?;
     Ok(Json(page_json(attempts, attempt_json)).into_response())
 }
 
 pub(crate) async fn get_attempt(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, attempt)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let id: AttemptId = attempt
         .parse()
         .map_err(|_| ApiError::not_found(format!("attempt {attempt} does not exist")))?;
-    match core.stores.log.get_attempt(&tenant, &id).await? {
+    match app.engine.log().get_attempt(&tenant, &id).await? {
         Some(a) => Ok(Json(attempt_json(&a)).into_response()),
         None => Err(ApiError::not_found(format!("attempt {id} does not exist"))),
     }
@@ -209,11 +213,11 @@ const MAX_STATS_MINUTES: u32 = 1440;
 /// Attempts per minute by status over the last `minutes` (60 by default), the current minute
 /// last: what the portal's chart draws, counted by the log store in one query.
 pub(crate) async fn attempt_stats(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiQuery(query): ApiQuery<StatsQuery>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let minutes = query.minutes.unwrap_or(60);
     if !(1..=MAX_STATS_MINUTES).contains(&minutes) {
         return Err(ApiError::invalid(format!(
@@ -225,7 +229,7 @@ pub(crate) async fn attempt_stats(
     let this_minute = now - now.rem_euclid(MINUTE_US);
     let since = Timestamp::from_micros(this_minute - i64::from(minutes - 1) * MINUTE_US)?;
     let buckets = Buckets::new(since, std::time::Duration::from_secs(60), minutes)?;
-    let counts = core.stores.log.count_attempts(&tenant, &buckets).await?;
+    let counts = app.engine.log().count_attempts(&tenant, &buckets).await?;
     Ok(Json(json!({
         "from": buckets.since,
         "to": buckets.until(),
@@ -254,25 +258,25 @@ fn dead_letter_json(d: &DeadLetter) -> Value {
 }
 
 pub(crate) async fn list_dead_letters(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiQuery(query): ApiQuery<PageQuery>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let page = page_request(query.limit, query.next)?;
-    let dead = core.stores.queue.list_dead_letters(&tenant, &page).await?;
+    let dead = app.engine.dead_letters(&tenant, &page).await?;
     Ok(Json(page_json(dead, dead_letter_json)).into_response())
 }
 
 pub(crate) async fn retry(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiJson(request): ApiJson<RetryRequest>,
 ) -> ApiResult {
     let tenant = tenant_id(raw)?;
     let event_id = request.event_id.clone();
     let destination_id = request.destination_id.clone();
-    let job = crate::ingest::retry::manual_retry(&core, &tenant, request).await?;
+    let job = app.engine.retry(&tenant, request).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "job_id": job, "event_id": event_id, "destination_id": destination_id })),

@@ -1,5 +1,5 @@
-//! The API's handlers, one file per resource: thin translations between JSON and the stores,
-//! the caches, [`crate::ingest`] and [`crate::delivery`]. The route table
+//! The API's handlers, one file per resource: thin translations between JSON and the engine's
+//! façade ([`sheaf_engine::Engine`]). The route table
 //! (`super::routes`) names them; nothing here names the table.
 
 mod destinations;
@@ -18,21 +18,21 @@ use axum::response::Response;
 use sheaf_store::{DestinationId, TenantId};
 
 use crate::http::error::ApiError;
-use crate::state::Core;
+use crate::http::extract::App;
 
 pub(super) type ApiResult = Result<Response, ApiError>;
 
 pub(super) fn tenant_id(raw: String) -> Result<TenantId, ApiError> {
-    crate::ingest::body::api_tenant_id(raw).map_err(ApiError::from)
+    sheaf_engine::body::api_tenant_id(raw).map_err(ApiError::from)
 }
 
 /// Refuses writes through the API to the operator tenant (`_sheaf`): Sheaf alone publishes its
 /// operator events and keeps its destination; reading them is open to the admin like any tenant.
 pub(super) fn not_operator_tenant(tenant: &TenantId) -> Result<(), ApiError> {
-    if tenant.as_str() == crate::state::health::OPERATOR_TENANT {
+    if tenant.as_str() == sheaf_engine::OPERATOR_TENANT {
         return Err(ApiError::invalid(format!(
             "tenant {} is reserved for Sheaf's operator events: it can be read, not written",
-            crate::state::health::OPERATOR_TENANT
+            sheaf_engine::OPERATOR_TENANT
         )));
     }
     Ok(())
@@ -44,26 +44,26 @@ pub(super) fn destination_id(raw: &str) -> Result<DestinationId, ApiError> {
 }
 
 /// The tenant the path names, 404 unless it exists.
-pub(super) async fn existing_tenant(core: &Core, raw: String) -> Result<TenantId, ApiError> {
+pub(super) async fn existing_tenant(app: &App, raw: String) -> Result<TenantId, ApiError> {
     let tenant = tenant_id(raw)?;
-    require_tenant(core, &tenant).await?;
+    require_tenant(app, &tenant).await?;
     Ok(tenant)
 }
 
 /// The tenant and the destination the path names; 404 unless the tenant exists, or when the
 /// destination id is not one.
 pub(super) async fn existing_destination(
-    core: &Core,
+    app: &App,
     raw: String,
     dest: &str,
 ) -> Result<(TenantId, DestinationId), ApiError> {
-    let tenant = existing_tenant(core, raw).await?;
+    let tenant = existing_tenant(app, raw).await?;
     Ok((tenant, destination_id(dest)?))
 }
 
 /// 404 unless the tenant exists.
-pub(super) async fn require_tenant(core: &Core, tenant: &TenantId) -> Result<(), ApiError> {
-    let entry = core.entities.get(tenant).await?;
+pub(super) async fn require_tenant(app: &App, tenant: &TenantId) -> Result<(), ApiError> {
+    let entry = app.engine.tenant(tenant).await?;
     if entry.tenant.is_none() {
         return Err(ApiError::unknown_tenant(tenant.as_str()));
     }

@@ -9,33 +9,31 @@ use uuid::Uuid;
 
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiPath, AppState};
-use crate::ingest::replay::{ReplayRequest, start_replay};
-use crate::state::replays::ReplayView;
+use sheaf_engine::requests::ReplayRequest;
 
 use super::{ApiResult, existing_tenant, tenant_id};
 
 pub(crate) async fn replay(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     ApiJson(request): ApiJson<ReplayRequest>,
 ) -> ApiResult {
     let tenant = tenant_id(raw)?;
-    let progress = start_replay(&core, &tenant, request).await?;
+    let progress = app.engine.replay(&tenant, request).await?;
     Ok((StatusCode::ACCEPTED, Json(progress)).into_response())
 }
 
 pub(crate) async fn get_replay(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath((raw, id)): ApiPath<(String, String)>,
 ) -> ApiResult {
-    let tenant = existing_tenant(&core, raw).await?;
+    let tenant = existing_tenant(&app, raw).await?;
     let missing = || ApiError::not_found(format!("replay {id} does not exist"));
     let replay_id: Uuid = id.parse().map_err(|_| missing())?;
-    let replay = core
-        .stores
-        .replays
-        .get_replay(&tenant, replay_id)
+    let replay = app
+        .engine
+        .replay_progress(&tenant, replay_id)
         .await?
         .ok_or_else(missing)?;
-    Ok(Json(ReplayView::from(replay)).into_response())
+    Ok(Json(replay).into_response())
 }

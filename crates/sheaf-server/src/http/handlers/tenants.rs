@@ -23,15 +23,14 @@ pub(crate) struct TenantInput {
 }
 
 pub(crate) async fn put_tenant(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     OptionalJson(input): OptionalJson<TenantInput>,
 ) -> ApiResult {
     let id = tenant_id(raw)?;
     not_operator_tenant(&id)?;
     let metadata = input.map(|i| i.metadata).unwrap_or_default();
-    let upsert = core.entities.store().upsert_tenant(&id, &metadata).await?;
-    core.entities.invalidate(&id).await;
+    let upsert = app.engine.upsert_tenant(&id, &metadata).await?;
     let status = if upsert.created {
         StatusCode::CREATED
     } else {
@@ -41,36 +40,29 @@ pub(crate) async fn put_tenant(
 }
 
 pub(crate) async fn get_tenant(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult {
     let id = tenant_id(raw)?;
-    match core.entities.store().get_tenant(&id).await? {
+    match app.engine.stored_tenant(&id).await? {
         Some(tenant) => Ok(Json(tenant).into_response()),
         None => Err(ApiError::unknown_tenant(id.as_str())),
     }
 }
 
 pub(crate) async fn delete_tenant(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult {
     let id = tenant_id(raw)?;
     not_operator_tenant(&id)?;
-    core.entities
-        .store()
-        .delete_tenant(&id)
-        .await
-        .map_err(|e| {
-            if e.kind() == sheaf_store::ErrorKind::NotFound {
-                ApiError::unknown_tenant(id.as_str())
-            } else {
-                ApiError::from(e)
-            }
-        })?;
-    core.entities.invalidate(&id).await;
-    // Its pending deliveries stop: the jobs go, and a worker holding one finds no destination.
-    core.stores.queue.purge_tenant(&id).await?;
+    app.engine.delete_tenant(&id).await.map_err(|e| {
+        if e.kind() == sheaf_store::ErrorKind::NotFound {
+            ApiError::unknown_tenant(id.as_str())
+        } else {
+            ApiError::from(e)
+        }
+    })?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -113,19 +105,19 @@ fn unix_time_json(secs: i64) -> Value {
 /// Checks a token request and issues one for `tenant`, `ttl` seconds from now (`default_ttl`
 /// when the request names none, held within `SHEAF_TOKEN_MAX_TTL`).
 async fn mint(
-    core: &AppState,
+    app: &AppState,
     tenant: &sheaf_store::TenantId,
     input: Option<TokenInput>,
     default_ttl: u64,
 ) -> Result<(String, TokenClaims), ApiError> {
-    let Some(key) = core.config.token_signing_key.as_ref() else {
+    let Some(key) = app.config.token_signing_key.as_ref() else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "tokens_disabled",
             "tenant tokens are not enabled on this server: set SHEAF_TOKEN_SIGNING_KEY",
         ));
     };
-    let max = core.config.token_max_ttl.as_secs();
+    let max = app.config.token_max_ttl.as_secs();
     let ttl = match input.and_then(|i| i.ttl_seconds) {
         Some(n) => whole_seconds(&n)?,
         None => default_ttl.min(max),
@@ -135,17 +127,17 @@ async fn mint(
             "ttl_seconds must be {MIN_TOKEN_TTL_SECS} to {max} (SHEAF_TOKEN_MAX_TTL), got {ttl}"
         )));
     }
-    require_tenant(core, tenant).await?;
+    require_tenant(app, tenant).await?;
     Ok(key.issue(tenant, std::time::Duration::from_secs(ttl), unix_now()))
 }
 
 pub(crate) async fn issue_token(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     ApiPath(raw): ApiPath<String>,
     OptionalJson(input): OptionalJson<TokenInput>,
 ) -> ApiResult {
     let tenant = tenant_id(raw)?;
-    let (token, claims) = mint(&core, &tenant, input, DEFAULT_TOKEN_TTL_SECS).await?;
+    let (token, claims) = mint(&app, &tenant, input, DEFAULT_TOKEN_TTL_SECS).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({
@@ -169,17 +161,17 @@ const DEFAULT_PORTAL_TTL_SECS: u64 = 3600;
 /// browsers never send to a server nor put in a `Referer`; the portal reads it, keeps it in
 /// memory and takes it out of the address bar.
 pub(crate) async fn issue_portal_link(
-    State(core): State<AppState>,
+    State(app): State<AppState>,
     headers: HeaderMap,
     ApiPath(raw): ApiPath<String>,
     OptionalJson(input): OptionalJson<TokenInput>,
 ) -> ApiResult {
     let tenant = tenant_id(raw)?;
-    let (token, claims) = mint(&core, &tenant, input, DEFAULT_PORTAL_TTL_SECS).await?;
+    let (token, claims) = mint(&app, &tenant, input, DEFAULT_PORTAL_TTL_SECS).await?;
     let expires_at = unix_time_json(claims.exp);
-    let base = match &core.config.public_url {
+    let base = match &app.config.public_url {
         Some(url) => url.clone(),
-        None => format!("http://{}", request_host(&headers, core.config.listen)),
+        None => format!("http://{}", request_host(&headers, app.config.listen)),
     };
     // `name=value` pairs as a form encodes them, which `URLSearchParams` reads back.
     let fragment = url::form_urlencoded::Serializer::new(String::new())

@@ -6,11 +6,12 @@
 //!
 //! Every failure here is a [`PublishError`]; only `http` turns it into a status code.
 
-pub mod body;
-pub mod cdc;
-pub mod publish;
-pub mod replay;
-pub mod retry;
-pub mod shipper;
+pub(crate) mod body;
+#[cfg(feature = "cdc")]
+pub(crate) mod cdc;
+pub(crate) mod publish;
+pub(crate) mod replay;
+pub(crate) mod retry;
+pub(crate) mod shipper;
 
-pub use publish::{NewEvent, PublishError, Published, publish, publish_events};
+pub use publish::{PublishError, Published, ValidPublish, publish};

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use anyhow::Context as _;
 use sheaf_store::{Destination, DestinationId, Error, Result};
 
-use crate::settings::{Config, LogStoreKind, QueueKind};
+use crate::config::{EngineConfig, LogStoreKind, QueueKind};
 use crate::state::secrets::SealedEntityStore;
 use crate::state::stores::{Migrate, Stores};
 
@@ -166,7 +166,7 @@ impl SealedEntityStore {
 /// Connects the entity store `config` names and re-seals it (`sheaf secrets reseal`); `None`
 /// when that store is the memory one, which keeps nothing across processes.
 pub async fn reseal_configured(
-    config: &Config,
+    config: &EngineConfig,
     options: ResealOptions,
 ) -> anyhow::Result<Option<ResealReport>> {
     let in_postgres =

@@ -50,8 +50,8 @@ use sheaf_store::{
     TenantUpsert, Timestamp,
 };
 
-pub use crate::settings::SecretsKey;
-use crate::settings::keys::SealingKey;
+use crate::config::secrets_key::SealingKey;
+pub use crate::config::secrets_key::SecretsKey;
 use crate::state::url_password;
 
 /// The prefix of every sealed value, whatever its version.

@@ -10,12 +10,13 @@ use std::time::Duration;
 use rand::Rng as _;
 use sheaf_store::{
     Attempt, AttemptId, AttemptStatus, AttemptTrigger, ClaimedJob, DeadLetterRequest, Destination,
-    EventKey, Job, Payload, Reschedule, Timestamp, TraceContext,
+    EventKey, Payload, Reschedule, Timestamp, TraceContext,
 };
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use super::span::{attempt_span, stored_attempt_span};
 use super::{Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
@@ -25,7 +26,7 @@ use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{AttemptResult, DeliveryOutcome, Metrics};
 use crate::state::pacer::Admission;
-use crate::state::trace::{continue_stored, continue_trace, record_ids, trace_headers};
+use crate::state::trace::trace_headers;
 use sheaf_destination::{Message, Report as Delivered, Verdict};
 
 /// The dead-letter reason of a job whose destination was disabled when its turn came (at
@@ -70,58 +71,6 @@ pub(super) async fn run(
             break;
         }
     }
-}
-
-/// The span of one job's turn, while spans are exported and this process still has its
-/// publish's context in memory (`state::trace`): a child of the publish's span, made before the
-/// payload is read, so its lookups link to the batches that answered them. Otherwise none yet:
-/// [`stored_attempt_span`] makes it once the payload brings the context stored with the event.
-async fn attempt_span(core: &Core, dispatched: &Dispatched) -> tracing::Span {
-    let Some(traces) = &core.traces else {
-        return tracing::Span::none();
-    };
-    let job = &dispatched.claimed.job;
-    let key = EventKey {
-        tenant_id: job.tenant_id.clone(),
-        event_id: job.event_id.clone(),
-    };
-    let Some(publish) = traces.context_of(&key).await else {
-        return tracing::Span::none();
-    };
-    let span = new_attempt_span(job);
-    continue_trace(&span, publish);
-    record_ids(&span);
-    span
-}
-
-/// The span of a turn whose publish's context this process did not have: a child of the
-/// context stored with the event, if it has one, else the root of a trace of its own. It starts
-/// after the payload was read (a span's parent is fixed once it has been entered), so the
-/// payload's lookups are not linked to it.
-fn stored_attempt_span(job: &Job, stored: Option<&TraceContext>) -> tracing::Span {
-    let span = new_attempt_span(job);
-    if let Some(stored) = stored {
-        continue_stored(&span, stored);
-    }
-    record_ids(&span);
-    span
-}
-
-fn new_attempt_span(job: &Job) -> tracing::Span {
-    tracing::info_span!(
-        parent: None,
-        "deliver",
-        tenant_id = %job.tenant_id,
-        event_id = %job.event_id,
-        destination_id = %job.destination_id,
-        attempt = job.attempt_number,
-        http.response.status_code = tracing::field::Empty,
-        duration_ms = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
-        otel.kind = "client",
-    )
 }
 
 /// How long after a retry's previous attempt its lookup may still miss it because it is not
@@ -272,58 +221,81 @@ fn age(time: Timestamp) -> Duration {
     since.to_std().unwrap_or_default()
 }
 
-/// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
-/// the attempt when an outbox records it together with the outcome. `span_later`: the turn's
-/// span is made once the payload is read (see [`stored_attempt_span`]).
-async fn handle(core: &Core, dispatched: Dispatched, span_later: bool) -> Option<Turn> {
+/// The claim, its lease renewed first when more than half of it is spent (a job waited in the
+/// channel); `None` when the lease was lost meanwhile: another worker owns the job now.
+async fn renewed_if_half_spent(core: &Core, dispatched: Dispatched) -> Option<ClaimedJob> {
     let mut claimed = dispatched.claimed;
     let lease = core.config.queue_lease;
-    if dispatched.claimed_at.elapsed() > lease / 2 {
-        match core.stores.queue.renew(&[claimed.lease], lease).await {
-            Ok(renewed) => match renewed.leases.first() {
-                Some(new) => {
-                    claimed.lease = *new;
-                    Metrics::inc(&core.metrics.lease_renewals);
-                }
-                None => {
-                    Metrics::inc(&core.metrics.leases_lost);
-                    return None;
-                }
-            },
-            Err(err) => {
-                tracing::warn!(error = %err, "lease renewal failed; delivering on the old lease")
+    if dispatched.claimed_at.elapsed() <= lease / 2 {
+        return Some(claimed);
+    }
+    match core.stores.queue.renew(&[claimed.lease], lease).await {
+        Ok(renewed) => match renewed.leases.first() {
+            Some(new) => {
+                claimed.lease = *new;
+                Metrics::inc(&core.metrics.lease_renewals);
             }
+            None => {
+                Metrics::inc(&core.metrics.leases_lost);
+                return None;
+            }
+        },
+        Err(err) => {
+            tracing::warn!(error = %err, "lease renewal failed; delivering on the old lease")
         }
     }
-    let job = claimed.job.clone();
+    Some(claimed)
+}
+
+/// The job's destination as the tenant cache has it, or the turn that ends the job without
+/// a delivery: retried shortly when the entity store cannot be read, completed (dropped) when
+/// the tenant or the destination is gone.
+async fn destination_of(core: &Core, claimed: &ClaimedJob) -> Result<Destination, Turn> {
+    let job = &claimed.job;
     let entry = match core.entities.get(&job.tenant_id).await {
         Ok(entry) => entry,
         Err(err) => {
             tracing::warn!(error = %err, "could not read the destination; trying again shortly");
-            return Some(not_ready(core, &claimed).into());
+            return Err(not_ready(core, claimed).into());
         }
     };
-    let destination = match (&entry.tenant, entry.destination(&job.destination_id)) {
-        (Some(_), Some(destination)) => destination.clone(),
+    match (&entry.tenant, entry.destination(&job.destination_id)) {
+        (Some(_), Some(destination)) => Ok(destination.clone()),
         _ => {
             core.metrics.delivery(DeliveryOutcome::Dropped);
-            return Some(Outcome::Complete(claimed.lease).into());
+            Err(Outcome::Complete(claimed.lease).into())
         }
+    }
+}
+
+/// A job of a disabled destination is dead-lettered, not skipped: the dead-letter list and
+/// its replay find it once the destination is enabled again.
+fn dead_letter_disabled(core: &Core, claimed: &ClaimedJob) -> Turn {
+    core.metrics.delivery(DeliveryOutcome::DeadLettered);
+    let outcome = Outcome::DeadLetter(DeadLetterRequest {
+        lease: claimed.lease,
+        reason: DESTINATION_DISABLED.to_owned(),
+    });
+    let report = report(core, claimed, None, &outcome);
+    Turn {
+        outcome,
+        attempt: None,
+        report,
+    }
+}
+
+/// One job's turn: returns its outcome for the completer (`None` when the lease is lost), with
+/// the attempt when an outbox records it together with the outcome. `span_later`: the turn's
+/// span is made once the payload is read (see `span::stored_attempt_span`).
+async fn handle(core: &Core, dispatched: Dispatched, span_later: bool) -> Option<Turn> {
+    let claimed = renewed_if_half_spent(core, dispatched).await?;
+    let job = claimed.job.clone();
+    let destination = match destination_of(core, &claimed).await {
+        Ok(destination) => destination,
+        Err(turn) => return Some(turn),
     };
     if !destination.enabled {
-        // Accounted for, not skipped: the dead-letter list and its replay find it once the
-        // destination is enabled again.
-        core.metrics.delivery(DeliveryOutcome::DeadLettered);
-        let outcome = Outcome::DeadLetter(DeadLetterRequest {
-            lease: claimed.lease,
-            reason: DESTINATION_DISABLED.to_owned(),
-        });
-        let report = report(core, &claimed, None, &outcome);
-        return Some(Turn {
-            outcome,
-            attempt: None,
-            report,
-        });
+        return Some(dead_letter_disabled(core, &claimed));
     }
     if let Admission::Hold(wait) = core
         .pacer

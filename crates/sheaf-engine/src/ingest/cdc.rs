@@ -38,8 +38,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::ingest::publish::{CDC_ID_PREFIX, NewEvent, publish_events};
-use crate::settings::{CdcSettings, TableTenants};
+use crate::config::cdc::{CdcSettings, TableTenants};
+use crate::ingest::body::CDC_ID_PREFIX;
+use crate::ingest::publish::{NewEvent, publish_events};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::metrics::{CdcMetrics, CdcState, Metrics};

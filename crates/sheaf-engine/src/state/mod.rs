@@ -23,23 +23,23 @@
 //! - [`trace`]: W3C trace context in and out, and the publishes' contexts kept for their
 //!   deliveries (with `SHEAF_OTLP_ENDPOINT`).
 
-pub mod admission;
-pub mod backoff;
-pub mod entities;
-pub mod handoff;
-pub mod health;
-pub mod intake;
-pub mod jobs;
-pub mod log_access;
-pub mod metrics;
-pub mod pacer;
-pub mod replays;
-pub mod reseal;
-pub mod secrets;
+pub(crate) mod admission;
+pub(crate) mod backoff;
+pub(crate) mod entities;
+pub(crate) mod handoff;
+pub(crate) mod health;
+pub(crate) mod intake;
+pub(crate) mod jobs;
+pub(crate) mod log_access;
+pub(crate) mod metrics;
+pub(crate) mod pacer;
+pub(crate) mod replays;
+pub(crate) mod reseal;
+pub(crate) mod secrets;
 mod shared;
-pub mod stores;
-pub mod trace;
-pub mod url_password;
+pub(crate) mod stores;
+pub(crate) mod trace;
+pub(crate) mod url_password;
 
 pub use shared::Core;
-pub use stores::{Migrate, Stores};
+pub use stores::Stores;

@@ -25,7 +25,7 @@
 //! failed between its two writes is repaired by the client's retry.
 //!
 //! [`publish_events`] runs the same steps for many events of one tenant at once, with one log
-//! write and one enqueue: it is the CDC source's path. Ids starting with [`CDC_ID_PREFIX`] are
+//! write and one enqueue: it is the CDC source's path. Ids starting with [`crate::ingest::body::CDC_ID_PREFIX`] are
 //! the CDC source's and refused from publishers.
 //!
 //! # With an outbox (the Postgres queue)
@@ -46,7 +46,7 @@ use sheaf_store::{
     TraceContext, validate_topic,
 };
 
-pub use crate::ingest::body::{CDC_ID_PREFIX, PublishRequest, ValidPublish};
+pub use crate::ingest::body::ValidPublish;
 use crate::state::Core;
 use crate::state::admission::Refused;
 use crate::state::intake::{IntakeCommit, IntakeRecord};

@@ -36,8 +36,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::OperatorWebhook;
 use crate::ingest::publish::{NewEvent, publish_events};
-use crate::settings::OperatorWebhook;
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::health::{OPERATOR_TENANT, Report};

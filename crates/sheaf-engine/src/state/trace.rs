@@ -23,11 +23,11 @@
 
 use std::time::Duration;
 
+use http::header::{HeaderMap, HeaderName};
 use moka::future::Cache;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use reqwest::header::{HeaderMap, HeaderName};
 use sheaf_store::{EventKey, TraceContext};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 

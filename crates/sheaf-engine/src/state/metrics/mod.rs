@@ -369,7 +369,7 @@ impl Metrics {
     }
 }
 
-#[cfg(test)]
 mod docs;
 mod page;
+pub use docs::metric_table;
 pub use page::{render, sample_value};

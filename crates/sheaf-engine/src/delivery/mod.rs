@@ -40,6 +40,7 @@
 mod completer;
 mod dispatcher;
 mod housekeeping;
+mod span;
 mod worker;
 
 use std::sync::Arc;
@@ -86,9 +87,9 @@ impl From<Outcome> for Turn {
     }
 }
 
-/// The running engine.
+/// The running delivery side: dispatcher, workers, completer, housekeeping.
 #[derive(Debug)]
-pub struct Engine {
+pub struct Delivery {
     core: Arc<Core>,
     stop: CancellationToken,
     abort: CancellationToken,
@@ -100,7 +101,7 @@ pub struct Engine {
     jobs_rx: Arc<Mutex<mpsc::Receiver<Dispatched>>>,
 }
 
-impl Engine {
+impl Delivery {
     /// Starts the dispatcher, the workers and the completer.
     pub fn start(core: Arc<Core>) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();

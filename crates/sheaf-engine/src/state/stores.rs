@@ -19,8 +19,7 @@ use sheaf_memory::{
 };
 use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore};
 
-use crate::settings::{Config, LogStoreKind, QueueKind};
-use sheaf_postgres::OutboxLayout;
+use crate::config::{EngineConfig, LogStoreKind, QueueKind};
 
 /// Whether connecting creates or upgrades the database schemas first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +77,7 @@ impl Stores {
 
     /// Connects the stores `config` names. With [`Migrate::Yes`], each database store creates
     /// or upgrades its schema first (`sheaf serve` and `sheaf migrate` both do).
-    pub async fn connect(config: &Config, migrate: Migrate) -> anyhow::Result<Self> {
+    pub async fn connect(config: &EngineConfig, migrate: Migrate) -> anyhow::Result<Self> {
         let migrate = migrate == Migrate::Yes;
         let memory = Self::memory_keeping(config.memory_log_retention.clone());
         let needs_postgres =
@@ -104,7 +103,7 @@ impl Stores {
             LogStoreKind::Memory => memory.log,
             LogStoreKind::Postgres => postgres
                 .as_ref()
-                .map(|pg| Arc::clone(&pg.log))
+                .map(|pg| pg.log())
                 .context("postgres is not connected")?,
             LogStoreKind::ClickHouse => {
                 let url = config
@@ -131,16 +130,12 @@ impl Stores {
             QueueKind::Memory => (memory.queue, None),
             QueueKind::Postgres => {
                 let pg = postgres.as_ref().context("postgres is not connected")?;
-                let layout = if config.log_store == LogStoreKind::Postgres {
-                    OutboxLayout::InTheLog
-                } else {
-                    OutboxLayout::Shipped
-                };
-                (Arc::clone(&pg.queue), Some(pg.stores.outbox(layout)))
+                let in_the_log = config.log_store == LogStoreKind::Postgres;
+                (pg.queue(), Some(pg.outbox(in_the_log)))
             }
         };
         let (entities, replays) = match &postgres {
-            Some(pg) => (Arc::clone(&pg.entities), pg.stores.replay_store()),
+            Some(pg) => (pg.entities(), pg.replays()),
             None => (memory.entities, memory.replays),
         };
         let memory_log = memory
@@ -162,16 +157,45 @@ impl Stores {
 }
 
 /// The Postgres stores: every trait over one pool and one schema.
+#[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use sheaf_postgres::{PostgresConfig, PostgresStores as Stores};
+    use sheaf_postgres::{OutboxLayout, PostgresConfig, PostgresStores as Stores};
     use sheaf_tls::SslMode;
 
     pub(super) struct PostgresStores {
-        pub log: Arc<dyn LogStore>,
-        pub queue: Arc<dyn JobQueue>,
-        pub entities: Arc<dyn EntityStore>,
-        pub stores: Stores,
+        log: Arc<dyn LogStore>,
+        queue: Arc<dyn JobQueue>,
+        entities: Arc<dyn EntityStore>,
+        stores: Stores,
+    }
+
+    impl PostgresStores {
+        pub(super) fn log(&self) -> Arc<dyn LogStore> {
+            Arc::clone(&self.log)
+        }
+
+        pub(super) fn queue(&self) -> Arc<dyn JobQueue> {
+            Arc::clone(&self.queue)
+        }
+
+        pub(super) fn entities(&self) -> Arc<dyn EntityStore> {
+            Arc::clone(&self.entities)
+        }
+
+        pub(super) fn replays(&self) -> Arc<dyn ReplayStore> {
+            self.stores.replay_store()
+        }
+
+        /// The outbox: the log tables themselves when the log store is Postgres too, outbox
+        /// tables shipped to the log store otherwise.
+        pub(super) fn outbox(&self, in_the_log: bool) -> Arc<dyn Outbox> {
+            self.stores.outbox(if in_the_log {
+                OutboxLayout::InTheLog
+            } else {
+                OutboxLayout::Shipped
+            })
+        }
     }
 
     pub(super) async fn connect(
@@ -238,7 +262,69 @@ mod postgres {
     }
 }
 
+/// Without the `postgres` feature: a configuration that names Postgres is refused by name.
+#[cfg(not(feature = "postgres"))]
+mod postgres {
+    use super::*;
+
+    /// Never built: [`connect`] refuses.
+    pub(super) enum PostgresStores {}
+
+    impl PostgresStores {
+        pub(super) fn log(&self) -> Arc<dyn LogStore> {
+            match *self {}
+        }
+
+        pub(super) fn queue(&self) -> Arc<dyn JobQueue> {
+            match *self {}
+        }
+
+        pub(super) fn entities(&self) -> Arc<dyn EntityStore> {
+            match *self {}
+        }
+
+        pub(super) fn replays(&self) -> Arc<dyn ReplayStore> {
+            match *self {}
+        }
+
+        pub(super) fn outbox(&self, _in_the_log: bool) -> Arc<dyn Outbox> {
+            match *self {}
+        }
+    }
+
+    pub(super) async fn connect(
+        _url: &str,
+        _schema: &str,
+        _ca_file: Option<&Path>,
+        _migrate: bool,
+    ) -> anyhow::Result<PostgresStores> {
+        anyhow::bail!(
+            "SHEAF_LOG_STORE or SHEAF_QUEUE names postgres, but this build of sheaf-engine has no Postgres support (cargo feature `postgres`)"
+        )
+    }
+}
+
+/// Without the `clickhouse` feature: a configuration that names ClickHouse is refused by name.
+#[cfg(not(feature = "clickhouse"))]
+mod clickhouse {
+    use super::*;
+    use sheaf_coalesce::WriteConfig;
+
+    pub(super) async fn connect(
+        _url: &str,
+        _database: &str,
+        _ca_file: Option<&Path>,
+        _write: WriteConfig,
+        _migrate: bool,
+    ) -> anyhow::Result<Arc<dyn LogStore>> {
+        anyhow::bail!(
+            "SHEAF_LOG_STORE is clickhouse, but this build of sheaf-engine has no ClickHouse support (cargo feature `clickhouse`)"
+        )
+    }
+}
+
 /// The ClickHouse log store.
+#[cfg(feature = "clickhouse")]
 mod clickhouse {
     use super::*;
     use sheaf_clickhouse::{ClickHouseConfig, ClickHouseLogStore};
@@ -252,7 +338,7 @@ mod clickhouse {
         write: WriteConfig,
         migrate: bool,
     ) -> anyhow::Result<Arc<dyn LogStore>> {
-        let mut parsed = reqwest::Url::parse(url)
+        let mut parsed = url::Url::parse(url)
             .map_err(|e| anyhow::anyhow!("invalid SHEAF_CLICKHOUSE_URL: {e}"))?;
         let user = (!parsed.username().is_empty()).then(|| parsed.username().to_owned());
         let password = parsed.password().map(str::to_owned);
@@ -287,5 +373,53 @@ mod clickhouse {
             tracing::info!("clickhouse connection not encrypted (http)");
         }
         Ok(Arc::new(store))
+    }
+}
+
+/// What a readiness probe found: each store's ping, each bounded by [`READY_PING_TIMEOUT`].
+#[derive(Debug)]
+pub struct Readiness {
+    /// The log store's ping.
+    pub log: sheaf_store::Result<()>,
+    /// The queue's ping.
+    pub queue: sheaf_store::Result<()>,
+    /// The entity store's ping.
+    pub entities: sheaf_store::Result<()>,
+    /// An outbox ships to the log store: its outage delays searches, not publishes and
+    /// deliveries, so it is reported rather than a reason to take the process out.
+    pub log_behind_outbox: bool,
+}
+
+/// How long a readiness probe waits for each store's ping before calling it unreachable.
+const READY_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A store's ping, bounded by [`READY_PING_TIMEOUT`].
+async fn bounded(
+    ping: impl std::future::Future<Output = sheaf_store::Result<()>>,
+) -> sheaf_store::Result<()> {
+    tokio::time::timeout(READY_PING_TIMEOUT, ping)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sheaf_store::Error::Unavailable {
+                message: format!("no answer within {READY_PING_TIMEOUT:?}"),
+                source: None,
+            })
+        })
+}
+
+/// Pings the three stores at once. A store that is down may make a ping wait for its pool's
+/// acquire timeout; a probe must get its answer sooner than that (the fault suite saw 8 of 9
+/// probes time out during a Postgres outage), so each ping has its own bound.
+pub(crate) async fn readiness(stores: &Stores) -> Readiness {
+    let (log, queue, entities) = tokio::join!(
+        bounded(stores.log.ping()),
+        bounded(stores.queue.ping()),
+        bounded(stores.entities.ping()),
+    );
+    Readiness {
+        log,
+        queue,
+        entities,
+        log_behind_outbox: stores.outbox.as_ref().is_some_and(|o| !o.is_log()),
     }
 }

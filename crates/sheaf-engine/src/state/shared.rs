@@ -10,7 +10,7 @@ use sheaf_destination::Registry;
 use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
 
-use crate::settings::Config;
+use crate::config::EngineConfig;
 use crate::state::admission::Admission;
 use crate::state::entities::EntityCache;
 use crate::state::handoff::JobChannel;
@@ -38,7 +38,7 @@ const ACCEPTED_ID_TTL: Duration = Duration::from_secs(60 * 60);
 #[derive(Debug)]
 pub struct Core {
     /// The configuration it runs with.
-    pub config: Arc<Config>,
+    pub config: Arc<EngineConfig>,
     /// The stores.
     pub stores: Stores,
     /// Tenants and destinations, cached.
@@ -84,7 +84,7 @@ impl Core {
     /// Builds the coalescers and caches over `stores`, delivering through `destinations`. Must
     /// run inside a Tokio runtime.
     pub fn new(
-        config: Config,
+        config: EngineConfig,
         mut stores: Stores,
         destinations: Registry,
     ) -> anyhow::Result<Arc<Self>> {
@@ -157,8 +157,7 @@ impl Core {
 
         let entities = EntityCache::new(Arc::clone(&stores.entities), config.entity_cache_ttl);
         let traces = config
-            .otlp_endpoint
-            .is_some()
+            .traces
             .then(|| EventTraces::new(config.fresh_event_cache));
         let health = (config.disable_after_failures > 0 || config.operator_webhook.is_some())
             .then(HealthReports::new);

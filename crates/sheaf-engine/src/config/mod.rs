@@ -1,0 +1,163 @@
+//! What the engine runs with: one [`EngineConfig`], built by whoever embeds the engine. The
+//! `sheaf` binary builds it from its `SHEAF_*` settings (the service's `settings` folder checks
+//! every value and names the setting at fault); the field docs name those settings.
+//!
+//! - [`secrets_key`]: the key that seals destination secrets, and the one being rotated out.
+//! - [`cdc`]: the CDC source's tables, tenants and `sheaf-cdc` configuration.
+
+pub mod cdc;
+pub mod secrets_key;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sheaf_coalesce::{LookupConfig, WriteConfig};
+
+/// Where the log store lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogStoreKind {
+    /// In this process (the default).
+    Memory,
+    /// Postgres (`SHEAF_POSTGRES_URL`).
+    Postgres,
+    /// ClickHouse (`SHEAF_CLICKHOUSE_URL`).
+    ClickHouse,
+}
+
+/// Where the job queue lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueKind {
+    /// In this process (the default).
+    Memory,
+    /// Postgres (`SHEAF_POSTGRES_URL`), shared by every process that points at it.
+    Postgres,
+}
+
+/// The retry policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryConfig {
+    /// Delay before retry n (1-based) is `schedule[min(n, len) - 1]`.
+    pub schedule: Vec<Duration>,
+    /// Attempts before dead-lettering.
+    pub max_attempts: u32,
+    /// Jitter, in percent of each delay, either way.
+    pub jitter_percent: u32,
+    /// Wait of a retry that found its previous attempt not logged yet.
+    pub not_ready_delay: Duration,
+    /// Bound on a destination's `Retry-After`.
+    pub retry_after_max: Duration,
+}
+
+impl RetryConfig {
+    /// The delay before the retry that follows failed attempt `attempt_number` (1-based), before jitter.
+    pub fn base_delay(&self, attempt_number: u32) -> Duration {
+        let index = usize::try_from(attempt_number.max(1) - 1).unwrap_or(usize::MAX);
+        self.schedule
+            .get(index)
+            .or(self.schedule.last())
+            .copied()
+            .unwrap_or(Duration::from_secs(60))
+    }
+}
+
+/// Where operator events are delivered, and the secret that signs them.
+#[derive(Clone)]
+pub struct OperatorWebhook {
+    /// `SHEAF_OPERATOR_WEBHOOK_URL`.
+    pub url: url::Url,
+    /// `SHEAF_OPERATOR_WEBHOOK_SECRET`.
+    pub secret: sheaf_store::Secret,
+}
+
+impl std::fmt::Debug for OperatorWebhook {
+    /// The secret as a fingerprint (the first bytes of its SHA-256), never itself: enough to
+    /// tell two configurations apart.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(self.secret.expose().as_bytes());
+        let fingerprint: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        f.debug_struct("OperatorWebhook")
+            .field("url", &self.url.as_str())
+            .field("secret_sha256_prefix", &fingerprint)
+            .finish()
+    }
+}
+
+/// Everything the engine runs with: stores, delivery, retries, coalescing, bounds, operator
+/// events, the CDC source. The HTTP front door's settings are not here.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// `SHEAF_SECRETS_KEY`: destination secrets (and passwords in `config.url`) are sealed with
+    /// it in every entity store; with `SHEAF_SECRETS_KEY_PREVIOUS` beside it, values sealed
+    /// with that one still open.
+    pub secrets_key: Option<secrets_key::SecretsKey>,
+    /// `SHEAF_LOG_STORE`.
+    pub log_store: LogStoreKind,
+    /// `SHEAF_QUEUE`.
+    pub queue: QueueKind,
+    /// `SHEAF_POSTGRES_URL`.
+    pub postgres_url: Option<String>,
+    /// `SHEAF_CLICKHOUSE_URL`.
+    pub clickhouse_url: Option<String>,
+    /// `SHEAF_POSTGRES_SCHEMA`.
+    pub postgres_schema: String,
+    /// `SHEAF_CLICKHOUSE_DATABASE`.
+    pub clickhouse_database: String,
+    /// `SHEAF_RETRY_*` except the lookup.
+    pub retry: RetryConfig,
+    /// `SHEAF_RETRY_LOOKUP_*`: the coalescer in front of `LogStore::latest_attempts`.
+    pub retry_lookup: LookupConfig,
+    /// `SHEAF_EVENT_LOOKUP_BATCH_SIZE`: the coalescer in front of `LogStore::get_events`.
+    pub event_lookup: LookupConfig,
+    /// `SHEAF_FRESH_EVENT_CACHE`.
+    pub fresh_event_cache: u64,
+    /// `SHEAF_DELIVERY_WORKERS`; 0: this process delivers nothing (it only takes publishes).
+    pub delivery_workers: usize,
+    /// `SHEAF_DELIVERY_TIMEOUT`.
+    pub delivery_timeout: Duration,
+    /// `SHEAF_QUEUE_LEASE`.
+    pub queue_lease: Duration,
+    /// `SHEAF_QUEUE_POLL_INTERVAL`.
+    pub queue_poll_interval: Duration,
+    /// `SHEAF_COMPLETER_FLUSH_INTERVAL`.
+    pub completer_flush_interval: Duration,
+    /// `SHEAF_COMPLETER_MAX_BATCH`.
+    pub completer_max_batch: usize,
+    /// `SHEAF_LOG_WRITE_*`.
+    pub log_write: WriteConfig,
+    /// `SHEAF_LOG_SHIP_INTERVAL`.
+    pub log_ship_interval: Duration,
+    /// `SHEAF_MAX_PUBLISHES_IN_FLIGHT`.
+    pub max_publishes_in_flight: usize,
+    /// `SHEAF_MEMORY_LOG_*`: what the memory log keeps besides the events still owed a delivery.
+    pub memory_log_retention: sheaf_memory::LogRetention,
+    /// `SHEAF_MEMORY_MAX_PENDING_EVENTS`.
+    pub memory_max_pending_events: u64,
+    /// `SHEAF_MEMORY_MAX_PENDING_BYTES`.
+    pub memory_max_pending_bytes: u64,
+    /// `SHEAF_OUTBOX_MAX_EVENTS`.
+    pub outbox_max_events: u64,
+    /// `SHEAF_IDEMPOTENCY_WINDOW`.
+    pub idempotency_window: Duration,
+    /// `SHEAF_ALLOW_PRIVATE_DESTINATIONS`.
+    pub allow_private_destinations: bool,
+    /// `SHEAF_SECRET_ROTATION_GRACE`.
+    pub secret_rotation_grace: Duration,
+    /// `SHEAF_ENTITY_CACHE_TTL`.
+    pub entity_cache_ttl: Duration,
+    /// `SHEAF_SHUTDOWN_TIMEOUT`.
+    pub shutdown_timeout: Duration,
+    /// `SHEAF_EGRESS_PROXY`: the proxy webhook deliveries go through.
+    pub egress_proxy: Option<url::Url>,
+    /// `SHEAF_TLS_CA_FILE`: CA certificates every TLS connection trusts besides the roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Whether trace spans are exported (`SHEAF_OTLP_ENDPOINT` is set): publishes then keep
+    /// their trace context for their deliveries' spans.
+    pub traces: bool,
+    /// `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES`; 0 = never.
+    pub disable_after_failures: u32,
+    /// `SHEAF_OPERATOR_WEBHOOK_URL` and `SHEAF_OPERATOR_WEBHOOK_SECRET`: where operator events go.
+    pub operator_webhook: Option<OperatorWebhook>,
+    /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
+    pub cdc: Option<cdc::CdcSettings>,
+}
