@@ -58,14 +58,52 @@ pub const NOT_SETTINGS: &[&str] = &[
     "SHEAF_URL",
 ];
 
-/// Whether `name` is set aside for the tools by [`NOT_SETTINGS`].
+/// Whether `name` is not a setting although it starts with `SHEAF_`: set aside for the tools
+/// by [`NOT_SETTINGS`], or one of the variables Kubernetes gives every pod for a Service whose
+/// name starts `sheaf` ([`is_service_link`]).
 pub fn is_not_a_setting(name: &str) -> bool {
-    NOT_SETTINGS.iter().any(|entry| {
-        if entry.ends_with('_') {
-            name.starts_with(entry)
-        } else {
-            name == *entry
-        }
+    is_service_link(name)
+        || NOT_SETTINGS.iter().any(|entry| {
+            if entry.ends_with('_') {
+                name.starts_with(entry)
+            } else {
+                name == *entry
+            }
+        })
+}
+
+/// Whether `name` has the shape of a Kubernetes service link: for a Service `sheaf` (or
+/// `sheaf-postgres`) in its namespace, every pod gets `SHEAF_SERVICE_HOST`,
+/// `SHEAF_SERVICE_PORT[_<port name>]`, `SHEAF_PORT` and
+/// `SHEAF_PORT_<port>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]` (`enableServiceLinks`, on by
+/// default). Sheaf's own Service is most likely called `sheaf`,
+/// so refusing these would stop every pod beside it. No setting ends in `_PORT` or has
+/// `_SERVICE_HOST`/`_SERVICE_PORT` in it, and a test keeps it so.
+pub fn is_service_link(name: &str) -> bool {
+    if name.ends_with("_SERVICE_HOST")
+        || name.ends_with("_SERVICE_PORT")
+        || name.contains("_SERVICE_PORT_")
+        || name.ends_with("_PORT")
+    {
+        return true;
+    }
+    // `…_PORT_8470_TCP`, `…_PORT_8470_TCP_ADDR` and the like.
+    name.match_indices("_PORT_").any(|(at, marker)| {
+        let rest = &name[at + marker.len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let Some(protocol) = rest[digits..].strip_prefix('_') else {
+            return false;
+        };
+        let protocol = ["TCP", "UDP", "SCTP"]
+            .into_iter()
+            .find(|p| protocol.starts_with(p));
+        digits > 0
+            && protocol.is_some_and(|p| {
+                matches!(
+                    &rest[digits + 1 + p.len()..],
+                    "" | "_PROTO" | "_PORT" | "_ADDR"
+                )
+            })
     })
 }
 

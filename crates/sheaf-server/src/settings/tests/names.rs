@@ -85,6 +85,44 @@ fn the_tools_sheaf_variables_are_set_aside() {
     }
 }
 
+/// A Kubernetes Service named `sheaf` (or `sheaf-…`) gives every pod in its namespace variables
+/// that start `SHEAF_`: they never stop start-up, and no setting looks like one.
+#[test]
+fn kubernetes_service_links_are_not_settings() {
+    let links = [
+        "SHEAF_SERVICE_HOST",
+        "SHEAF_SERVICE_PORT",
+        "SHEAF_SERVICE_PORT_HTTP",
+        "SHEAF_PORT",
+        "SHEAF_PORT_8470_TCP",
+        "SHEAF_PORT_8470_TCP_PROTO",
+        "SHEAF_PORT_8470_TCP_PORT",
+        "SHEAF_PORT_8470_TCP_ADDR",
+        "SHEAF_POSTGRES_SERVICE_HOST",
+        "SHEAF_POSTGRES_PORT",
+        "SHEAF_POSTGRES_PORT_5432_TCP_ADDR",
+        "SHEAF_NATS_PORT_4222_UDP",
+        "SHEAF_SCTP_PORT_9_SCTP",
+    ];
+    let pairs: Vec<(&str, &str)> = links.iter().map(|name| (*name, "10.0.0.1")).collect();
+    Config::load(env(&pairs)).unwrap();
+    for near_miss in [
+        "SHEAF_PORT_8470",
+        "SHEAF_PORT_TCP",
+        "SHEAF_PORT_8470_TCPX",
+        "SHEAF_PORT_8470_TCP_HOST",
+    ] {
+        assert!(!names::is_service_link(near_miss), "{near_miss}");
+    }
+    for setting in SETTINGS {
+        assert!(
+            !names::is_service_link(setting.name),
+            "{} looks like a Kubernetes service link",
+            setting.name
+        );
+    }
+}
+
 /// docs/configuration.md says which names are set aside; it must say the same as the table.
 #[test]
 fn configuration_md_lists_the_names_set_aside_for_tools() {
