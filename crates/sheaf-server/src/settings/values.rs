@@ -1,5 +1,6 @@
-//! The raw values of one load (the TOML file overlaid by the environment) and the typed
-//! getters that read them through a [`Setting`]'s [`Kind`], so every bound comes from the table.
+//! The raw values of one load (the TOML file overlaid by the environment, former names read as
+//! their settings, unknown `SHEAF_` names refused) and the typed getters that read them through
+//! a [`Setting`]'s [`Kind`], so every bound comes from the table.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
