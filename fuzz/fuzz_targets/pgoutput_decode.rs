@@ -58,6 +58,6 @@ fuzz_target!(|data: &[u8]| {
     }
     for change in &out {
         let _ = change.to_json();
-        let _ = change.event_id().to_string();
+        let _ = change.id().to_string();
     }
 });

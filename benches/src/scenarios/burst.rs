@@ -67,7 +67,7 @@ impl Variant {
             Variant::Off => vec![("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "0".to_owned())],
             Variant::Fixed => vec![
                 ("SHEAF_RETRY_LOOKUP_BATCH_SIZE", "50".to_owned()),
-                ("SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS", "50".to_owned()),
+                ("SHEAF_RETRY_LOOKUP_BATCH_WAIT", "50ms".to_owned()),
                 ("SHEAF_RETRY_LOOKUP_ADAPTIVE", "false".to_owned()),
             ],
             Variant::Adaptive => vec![

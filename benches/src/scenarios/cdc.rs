@@ -340,7 +340,7 @@ async fn read_all(config: CdcConfig, shape: &'static str, rows: u64) -> anyhow::
         let (changes, ack) = message.into_parts();
         for change in &changes {
             let topic = change.topic();
-            let id = change.event_id().to_string();
+            let id = change.id().to_string();
             let body = serde_json::to_vec(&change.to_json()?)?;
             json += (topic.len() + id.len() + body.len()) as u64;
             wal += change.wal_bytes as u64;

@@ -1,5 +1,5 @@
 //! Decoded row changes: the relation cache, the stateful [`ChangeDecoder`], and the
-//! [`Change`] each row becomes, with its event identity and its JSON form.
+//! [`Change`] each row becomes, with its replay-stable identity and its JSON form.
 //!
 //! Values stay zero-copy: a [`Cell`] holds a slice of the `XLogData` buffer (`Bytes`,
 //! reference-counted), so a decoded row costs one small allocation for its cell list
@@ -268,15 +268,19 @@ pub enum OldKind {
 /// so a filter cannot shift it). Postgres decodes a transaction the same way every time
 /// it sends it, so a change re-read after a restart gets the same id, and a store that
 /// keys events by it deduplicates the replay.
+///
+/// A change's position in the WAL, not an event's id: a consumer builds its own event id
+/// from it (Sheaf's is `cdc-<slot>-<this>`, a `sheaf_store::EventId`), so this crate needs no
+/// store and an id names the slot it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EventId {
+pub struct ChangeId {
     /// LSN of the transaction's commit record.
     pub commit_lsn: Lsn,
     /// Position of the change in its transaction.
     pub position: u32,
 }
 
-impl fmt::Display for EventId {
+impl fmt::Display for ChangeId {
     /// `<commit LSN as 16 hex digits>-<position as 8 hex digits>`: fixed width, so ids
     /// sort in commit order as strings, and free of `/` for use in URLs.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -322,9 +326,9 @@ impl Change {
         )
     }
 
-    /// The replay-stable identity of this change; see [`EventId`].
-    pub fn event_id(&self) -> EventId {
-        EventId {
+    /// The replay-stable identity of this change; see [`ChangeId`].
+    pub fn id(&self) -> ChangeId {
+        ChangeId {
             commit_lsn: self.commit_lsn,
             position: self.position,
         }
@@ -481,7 +485,7 @@ struct OpenTransaction {
 }
 
 /// The stateful part of decoding: a relation cache and the open transaction, turning
-/// pgoutput messages into [`Change`]s that carry their relation and event identity.
+/// pgoutput messages into [`Change`]s that carry their relation and replay-stable identity.
 #[derive(Debug, Default)]
 pub struct ChangeDecoder {
     relations: RelationCache,

@@ -25,7 +25,7 @@
 //!     let (changes, ack) = message.into_parts();
 //!     for change in &changes {
 //!         let topic = change.topic();                 // "public.orders.insert"
-//!         let id = change.event_id().to_string();     // stable across replays
+//!         let id = change.id().to_string();           // stable across replays
 //!         let payload = change.to_json()?;
 //!         # let _ = (topic, id, payload);
 //!         // publish durably, keyed by `id` so a replay deduplicates
@@ -39,8 +39,9 @@
 //!   [`StreamOptions::batch_transactions`] makes it one transaction per message (read its
 //!   documentation: it changes the unit of failure); [`StreamOptions::batching`] groups
 //!   rows by count and time instead. The two cannot be combined.
-//! - **Event identity**: [`Change::event_id`] is the commit LSN plus the change's
-//!   position in its transaction, the same on every replay; topic
+//! - **Change identity**: [`Change::id`] ([`ChangeId`]) is the commit LSN plus the change's
+//!   position in its transaction, the same on every replay, from which a consumer builds
+//!   its event ids; topic
 //!   `<schema>.<table>.<op>` from [`Change::topic`].
 //! - **Acknowledgement**: [`CdcMessage::ack`] (or the [`AckToken`] from
 //!   [`CdcMessage::into_parts`]). Acknowledgements may come in any order; the slot
@@ -98,7 +99,7 @@ mod tls;
 
 pub use ack::AckToken;
 pub use change::{
-    Cell, Change, ChangeDecoder, Column, EventId, Op, Relation, RelationCache, Tuple,
+    Cell, Change, ChangeDecoder, ChangeId, Column, Op, Relation, RelationCache, Tuple,
 };
 pub use config::{CdcConfig, ConnectionConfig, ConnectionSecurity, PublicationTables, TlsSession};
 pub use error::{Error, Result};

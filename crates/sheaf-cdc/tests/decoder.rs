@@ -185,9 +185,9 @@ fn truncate_origin_and_event_ids() {
     );
     assert_eq!(a.commit_lsn, b.commit_lsn);
     assert_eq!((a.position, b.position), (0, 1));
-    assert_ne!(a.event_id(), b.event_id());
+    assert_ne!(a.id(), b.id());
     assert_eq!(
-        a.event_id().to_string(),
+        a.id().to_string(),
         format!("{:016x}-00000000", a.commit_lsn.0)
     );
 

@@ -379,7 +379,7 @@ async fn stopped_mid_transaction_without_ack_then_restarted_delivers_at_least_on
         let mut held = Vec::new();
         for _ in 0..100 {
             let message = recv(&mut stream).await;
-            first_session.push(message.changes()[0].event_id());
+            first_session.push(message.changes()[0].id());
             held.push(message); // handled but never acknowledged
         }
         let open_commit = held[0].changes()[0].commit_lsn;
@@ -400,7 +400,7 @@ async fn stopped_mid_transaction_without_ack_then_restarted_delivers_at_least_on
             let message = recv(&mut stream).await;
             let change = &message.changes()[0];
             ids.push(id(change));
-            second_session.push(change.event_id());
+            second_session.push(change.id());
             message.ack();
         }
         assert_eq!(

@@ -73,6 +73,11 @@ fn try_main() -> anyhow::Result<()> {
                 .build()
                 .context("cannot start the tokio runtime")?;
             let telemetry = sheaf_server::telemetry::init(&config, runtime.handle().clone())?;
+            // Read before tracing ran (the settings configure it), logged now that it does.
+            for warning in sheaf_server::settings::deprecation_warnings(std::env::vars().collect())
+            {
+                tracing::warn!("{warning}");
+            }
             let result = match reseal {
                 Some(options) => runtime.block_on(reseal_secrets(config, options)),
                 None if command == "serve" => runtime.block_on(serve(config)),

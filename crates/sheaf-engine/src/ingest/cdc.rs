@@ -62,13 +62,13 @@ const PUBLISH_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Durati
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// The event id of a change read through `slot`: `cdc-<slot>-<commit LSN, 16 hex>-<position,
-/// 8 hex>` (see [`sheaf_cdc::EventId`]). Lower-case letters, digits, `_` and `-`, at most 93
+/// 8 hex>` (see [`sheaf_cdc::ChangeId`]). Lower-case letters, digits, `_` and `-`, at most 93
 /// bytes: a valid [`EventId`].
 ///
 /// # Errors
 /// Only for a slot name `validate` would have refused.
 pub fn event_id(slot: &str, change: &Change) -> sheaf_store::Result<EventId> {
-    EventId::new(format!("{CDC_ID_PREFIX}{slot}-{}", change.event_id()))
+    EventId::new(format!("{CDC_ID_PREFIX}{slot}-{}", change.id()))
 }
 
 /// Microseconds from the Unix epoch to Postgres's (2000-01-01 UTC).
@@ -322,7 +322,7 @@ impl Session<'_> {
             };
             let data = change
                 .to_json()
-                .map_err(|e| format!("change {} cannot be read: {e}", change.event_id()))?;
+                .map_err(|e| format!("change {} cannot be read: {e}", change.id()))?;
             let event = NewEvent {
                 id: event_id(slot, change).map_err(|e| e.to_string())?,
                 chosen: true,

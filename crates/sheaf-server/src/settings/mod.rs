@@ -14,6 +14,8 @@
 //! - [`values`]: the raw values of one load and the typed getters that apply a kind.
 //! - [`keys`]: the admin key, the token signing key and the secrets key, checked and never
 //!   printed.
+//! - [`names`]: former names, names set aside for tools, the words of one-of settings, and
+//!   the closest setting to an unknown name.
 //! - [`cdc`]: the CDC source's settings.
 //! - [`docs`]: `--help` and the generated part of `docs/configuration.md`.
 //!
@@ -22,6 +24,7 @@
 pub mod cdc;
 pub mod docs;
 pub mod keys;
+pub mod names;
 pub mod table;
 #[cfg(test)]
 mod tests;
@@ -39,7 +42,7 @@ pub use docs::{settings_help, with_part_between};
 pub use keys::{AdminKey, SecretsKey, TokenKey};
 pub use sheaf_engine::{EngineConfig, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig};
 pub use table::{Kind, SETTINGS, Setting};
-pub use values::{format_duration, parse_duration};
+pub use values::{deprecation_warnings, format_duration, parse_duration};
 
 use table as s;
 use values::Values;
@@ -149,7 +152,7 @@ impl Config {
             retry: parse_retry(&values)?,
             retry_lookup: LookupConfig {
                 max_batch: values.usize(&s::RETRY_LOOKUP_BATCH_SIZE)?,
-                max_wait: values.millis(&s::RETRY_LOOKUP_BATCH_WAIT_MS)?,
+                max_wait: values.duration(&s::RETRY_LOOKUP_BATCH_WAIT)?,
                 adaptive: values.bool(&s::RETRY_LOOKUP_ADAPTIVE)?,
                 // A retry can wait the batch's 50 ms under load (it is due seconds after its
                 // failure), so adaptive retries gather like the fixed mode then, and only a
@@ -175,7 +178,7 @@ impl Config {
             log_write: WriteConfig {
                 max_records: values.usize(&s::LOG_WRITE_MAX_RECORDS)?,
                 max_bytes: values.usize(&s::LOG_WRITE_MAX_BYTES)?,
-                max_wait: values.millis(&s::LOG_WRITE_MAX_WAIT_MS)?,
+                max_wait: values.duration(&s::LOG_WRITE_MAX_WAIT)?,
                 ..WriteConfig::default()
             },
             log_ship_interval: values.duration(&s::LOG_SHIP_INTERVAL)?,
@@ -210,7 +213,7 @@ impl Config {
             max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
             request_timeout: values.duration(&s::REQUEST_TIMEOUT)?,
             log_filter: values.get(&s::LOG).unwrap_or_default(),
-            log_format: [LogFormat::Text, LogFormat::Json][values.choice(&s::LOG_FORMAT)?],
+            log_format: values.choice_of(&s::LOG_FORMAT, names::LOG_FORMAT_WORDS)?,
             otlp_endpoint,
             otlp_sample_percent: values.u32(&s::OTLP_SAMPLE_PERCENT)?,
         })
@@ -263,12 +266,8 @@ struct StoreSettings {
 }
 
 fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
-    let log_store = [
-        LogStoreKind::Memory,
-        LogStoreKind::Postgres,
-        LogStoreKind::ClickHouse,
-    ][values.choice(&s::LOG_STORE)?];
-    let queue = [QueueKind::Memory, QueueKind::Postgres][values.choice(&s::QUEUE)?];
+    let log_store = values.choice_of(&s::LOG_STORE, names::LOG_STORE_WORDS)?;
+    let queue = values.choice_of(&s::QUEUE, names::QUEUE_WORDS)?;
     let postgres_url = values.optional(&s::POSTGRES_URL);
     let clickhouse_url = values.optional(&s::CLICKHOUSE_URL);
     // The stores validate these names themselves when they connect; checked here too so the

@@ -76,10 +76,7 @@ pub struct Setting {
 impl Setting {
     /// The key that sets it in the TOML file.
     pub fn file_key(&self) -> String {
-        self.name
-            .strip_prefix("SHEAF_")
-            .unwrap_or(self.name)
-            .to_ascii_lowercase()
+        file_key_of(self.name)
     }
 
     /// What it accepts, in words: the kind's description and the extra rule, if any.
@@ -298,13 +295,13 @@ pub const RETRY_LOOKUP_BATCH_SIZE: Setting = setting(
     Kind::Integer { min: 0, max: 100 },
     "Retries due together share one latest-attempt query of up to this many keys; 0 turns coalescing off (one query per retry).",
 );
-/// `SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS`.
-pub const RETRY_LOOKUP_BATCH_WAIT_MS: Setting = setting(
-    "SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS",
-    Some("50"),
-    Kind::Integer {
-        min: 0,
-        max: 10_000,
+/// `SHEAF_RETRY_LOOKUP_BATCH_WAIT`.
+pub const RETRY_LOOKUP_BATCH_WAIT: Setting = setting(
+    "SHEAF_RETRY_LOOKUP_BATCH_WAIT",
+    Some("50ms"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: Duration::from_secs(10),
     },
     "How long a retry lookup batch gathers after its first key before it is sent anyway.",
 );
@@ -317,7 +314,7 @@ pub const RETRY_LOOKUP_ADAPTIVE: Setting = setting(
     "SHEAF_RETRY_LOOKUP_ADAPTIVE",
     Some("false"),
     Kind::Bool,
-    "Adaptive retry lookup batching: a retry after a quiet spell (no lookup query in flight and none finished within `SHEAF_RETRY_LOOKUP_BATCH_WAIT_MS`) is looked up at once; under load retries gather as with `false`. A quiet service adds no wait, a busy one batches as much.",
+    "Adaptive retry lookup batching: a retry after a quiet spell (no lookup query in flight and none finished within `SHEAF_RETRY_LOOKUP_BATCH_WAIT`) is looked up at once; under load retries gather as with `false`. A quiet service adds no wait, a busy one batches as much.",
 );
 // First deliveries read their payload on the publish path's heels, where latency matters;
 // adaptive batching adds no wait at low load and grows batches only while a read is in flight.
@@ -361,7 +358,7 @@ pub const DELIVERY_TIMEOUT: Setting = with_rule(
             min: ms(100),
             max: Duration::from_secs(600),
         },
-        "How long one webhook request may take (connect, send, answer) before the attempt fails.",
+        "How long one delivery may take, to a destination of any type, before the attempt fails: a webhook's connect, request and answer; a RabbitMQ or NATS connect, publish and confirmation.",
     ),
     "shorter than `SHEAF_QUEUE_LEASE`",
 );
@@ -394,7 +391,7 @@ pub const QUEUE_POLL_INTERVAL: Setting = setting(
 );
 // One commit per job is bound by WAL writes, and batched completions beat it several times over
 // (docs/benchmarks.md, `queue`); a few milliseconds of gathering is invisible next to a
-// webhook's round trip and makes one statement out of every worker's outcomes.
+// delivery's round trip and makes one statement out of every worker's outcomes.
 /// `SHEAF_COMPLETER_FLUSH_INTERVAL`.
 pub const COMPLETER_FLUSH_INTERVAL: Setting = setting(
     "SHEAF_COMPLETER_FLUSH_INTERVAL",
@@ -440,15 +437,15 @@ pub const LOG_WRITE_MAX_BYTES: Setting = setting(
 );
 // 0, as in `WriteConfig::default`: a wait is publish latency, so it is the operator's decision;
 // a second or two suits a hot ClickHouse table (docs/benchmarks.md, `parts`).
-/// `SHEAF_LOG_WRITE_MAX_WAIT_MS`.
-pub const LOG_WRITE_MAX_WAIT_MS: Setting = setting(
-    "SHEAF_LOG_WRITE_MAX_WAIT_MS",
-    Some("0"),
-    Kind::Integer {
-        min: 0,
-        max: 10_000,
+/// `SHEAF_LOG_WRITE_MAX_WAIT`.
+pub const LOG_WRITE_MAX_WAIT: Setting = setting(
+    "SHEAF_LOG_WRITE_MAX_WAIT",
+    Some("0s"),
+    Kind::Duration {
+        min: Duration::ZERO,
+        max: Duration::from_secs(10),
     },
-    "How long an under-filled log write waits for more records once nothing else is queued; 0 writes at once.",
+    "How long an under-filled log write waits for more records once nothing else is queued; `0s` writes at once.",
 );
 // Once per second per process keeps ClickHouse at about one insert per table per second
 // whatever the publish rate (docs/benchmarks.md, `parts`), and bounds how long a published
@@ -560,7 +557,7 @@ pub const IDEMPOTENCY_WINDOW: Setting = setting(
     },
     "With SHEAF_QUEUE=postgres and a log store elsewhere: how long an accepted event id is remembered, so publishing it again delivers nothing. With the Postgres log store, ids are remembered as long as the log keeps the event.",
 );
-// Webhook payloads are small JSON documents; 1 MiB is generous and bounds a request's memory.
+// Event payloads are small JSON documents; 1 MiB is generous and bounds a request's memory.
 /// `SHEAF_MAX_BODY_BYTES`.
 pub const MAX_BODY_BYTES: Setting = setting(
     "SHEAF_MAX_BODY_BYTES",
@@ -593,7 +590,7 @@ pub const EGRESS_PROXY: Setting = setting(
     "SHEAF_EGRESS_PROXY",
     None,
     Kind::Text("`http://[user:password@]host:port` (or `https://`)"),
-    "HTTP proxy every webhook delivery goes through: `CONNECT` for `https://` destinations, a forwarded request for `http://` ones (static egress addresses, an egress filtering proxy). The proxy itself may be on a private address. With the private-destination guard on, each delivery's destination is still resolved and checked by Sheaf before it is handed to the proxy, so the proxy cannot be used to reach a private address; the proxy resolves the name again, so let it enforce its own egress rules too (`docs/security.md`). Unset: deliveries connect directly (or, with the guard off, through the environment's `HTTPS_PROXY`/`HTTP_PROXY`).",
+    "HTTP proxy every webhook delivery goes through: `CONNECT` for `https://` destinations, a forwarded request for `http://` ones (static egress addresses, an egress filtering proxy). The proxy itself may be on a private address. With the private-destination guard on, each delivery's destination is still resolved and checked by Sheaf before it is handed to the proxy, so the proxy cannot be used to reach a private address; the proxy resolves the name again, so let it enforce its own egress rules too (`docs/security.md`). Unset: deliveries connect directly (or, with the guard off, through the environment's `HTTPS_PROXY`/`HTTP_PROXY`). RabbitMQ and NATS destinations always connect directly.",
 );
 /// `SHEAF_TLS_CA_FILE`.
 pub const TLS_CA_FILE: Setting = setting(
@@ -801,7 +798,7 @@ pub const OTLP_ENDPOINT: Setting = setting(
     "SHEAF_OTLP_ENDPOINT",
     None,
     Kind::Text("`http(s)://host:port` of an OTLP/HTTP collector"),
-    "Where OpenTelemetry traces are sent, over OTLP/HTTP with protobuf bodies (to `<endpoint>/v1/traces`, as `OTEL_EXPORTER_OTLP_ENDPOINT` would): a span per API request and publish, per group commit and coalesced log write or lookup (linked from every publish or delivery it served), per delivery attempt and per CDC batch, and a `traceparent` header on every webhook. A publish's trace context is stored with its events, so their deliveries join its trace in any process, also after a restart. Unset: no spans are exported and nothing is stored or kept for them.",
+    "Where OpenTelemetry traces are sent, over OTLP/HTTP with protobuf bodies (to `<endpoint>/v1/traces`, as `OTEL_EXPORTER_OTLP_ENDPOINT` would): a span per API request and publish, per group commit and coalesced log write or lookup (linked from every publish or delivery it served), per delivery attempt and per CDC batch, and a `traceparent` header on every delivery (an HTTP header on a webhook, a message header on RabbitMQ and NATS). A publish's trace context is stored with its events, so their deliveries join its trace in any process, also after a restart. Unset: no spans are exported and nothing is stored or kept for them.",
 );
 
 /// `SHEAF_OTLP_SAMPLE_PERCENT`.
@@ -832,7 +829,7 @@ pub const SETTINGS: &[Setting] = &[
     RETRY_NOT_READY_DELAY,
     RETRY_AFTER_MAX,
     RETRY_LOOKUP_BATCH_SIZE,
-    RETRY_LOOKUP_BATCH_WAIT_MS,
+    RETRY_LOOKUP_BATCH_WAIT,
     RETRY_LOOKUP_ADAPTIVE,
     EVENT_LOOKUP_BATCH_SIZE,
     FRESH_EVENT_CACHE,
@@ -844,7 +841,7 @@ pub const SETTINGS: &[Setting] = &[
     COMPLETER_MAX_BATCH,
     LOG_WRITE_MAX_RECORDS,
     LOG_WRITE_MAX_BYTES,
-    LOG_WRITE_MAX_WAIT_MS,
+    LOG_WRITE_MAX_WAIT,
     LOG_SHIP_INTERVAL,
     MAX_PUBLISHES_IN_FLIGHT,
     MEMORY_LOG_MAX_EVENTS,
@@ -884,6 +881,13 @@ pub const SETTINGS: &[Setting] = &[
     OTLP_ENDPOINT,
     OTLP_SAMPLE_PERCENT,
 ];
+
+/// The TOML key of a variable: its name without `SHEAF_`, lower-case.
+pub(super) fn file_key_of(name: &str) -> String {
+    name.strip_prefix("SHEAF_")
+        .unwrap_or(name)
+        .to_ascii_lowercase()
+}
 
 #[cfg(test)]
 mod tests {

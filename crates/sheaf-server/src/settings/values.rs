@@ -1,34 +1,48 @@
-//! The raw values of one load (the TOML file overlaid by the environment) and the typed
-//! getters that read them through a [`Setting`]'s [`Kind`], so every bound comes from the table.
+//! The raw values of one load (the TOML file overlaid by the environment, former names read as
+//! their settings, unknown `SHEAF_` names refused) and the typed getters that read them through
+//! a [`Setting`]'s [`Kind`], so every bound comes from the table.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
 use super::ConfigError;
+use super::names::{RENAMED, is_not_a_setting, unknown_key, unknown_variable};
 use super::table::{CONFIG_FILE, Kind, SETTINGS, Setting};
 
 /// Setting names to the values given for them; a missing name takes its default.
 #[derive(Debug, Default)]
 pub struct Values {
     given: HashMap<String, String>,
+    /// One line per former name in use ([`RENAMED`]), for [`deprecation_warnings`].
+    deprecated: Vec<String>,
 }
 
 impl Values {
     /// The values of `env` (variable name to value) over those of the TOML file its
-    /// `SHEAF_CONFIG_FILE` names. Names that are not settings are ignored: the environment
-    /// holds much else.
+    /// `SHEAF_CONFIG_FILE` names, with former names read as their settings. Names without
+    /// the `SHEAF_` prefix are ignored (the environment holds much else); a `SHEAF_` name
+    /// that is neither a setting, a former name nor set aside for the tools
+    /// ([`is_not_a_setting`]) is refused, with the closest setting named.
     pub fn gather(env: HashMap<String, String>) -> Result<Self, ConfigError> {
         let mut given = match env.get(CONFIG_FILE.name).filter(|p| !p.is_empty()) {
             Some(path) => read_file(Path::new(path))?,
             None => HashMap::new(),
         };
+        let mut unknown = Vec::new();
         for (name, value) in env {
-            if SETTINGS.iter().any(|s| s.name == name) {
+            if is_known(&name) {
                 given.insert(name, value);
+            } else if name.starts_with("SHEAF_") && !is_not_a_setting(&name) {
+                unknown.push(name);
             }
         }
-        Ok(Self { given })
+        // The first in name order, so the same environment always names the same variable.
+        if let Some(name) = unknown.iter().min() {
+            return Err(unknown_variable(name));
+        }
+        let deprecated = read_former_names(&mut given)?;
+        Ok(Self { given, deprecated })
     }
 
     /// The value given for `setting`, trimmed, or its default; `None` when unset without one.
@@ -71,11 +85,6 @@ impl Values {
         u32::try_from(n).map_err(|_| ConfigError::new(setting.name, format!("{n} is too large")))
     }
 
-    /// A [`Kind::Integer`] counted in milliseconds.
-    pub fn millis(&self, setting: &Setting) -> Result<Duration, ConfigError> {
-        self.int(setting).map(Duration::from_millis)
-    }
-
     /// A [`Kind::Duration`], or a [`Kind::DurationOrOff`] (`0s` is [`Duration::ZERO`]).
     pub fn duration(&self, setting: &Setting) -> Result<Duration, ConfigError> {
         parse_one_duration(setting, &self.raw(setting))
@@ -86,10 +95,73 @@ impl Values {
         parse_duration_list(setting, &self.raw(setting))
     }
 
-    /// A [`Kind::OneOf`]: the index of the word in the kind's list.
-    pub fn choice(&self, setting: &Setting) -> Result<usize, ConfigError> {
-        parse_choice(setting, &self.raw(setting))
+    /// A [`Kind::OneOf`], as the variant `variants` binds its word to. The word is checked
+    /// against the kind's list first, so the message lists what the docs list; a word the
+    /// table accepts and `variants` lacks is a mistake in the table that its test catches.
+    pub fn choice_of<T: Copy>(
+        &self,
+        setting: &Setting,
+        variants: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let word = parse_choice(setting, &self.raw(setting))?;
+        variants
+            .iter()
+            .find(|(w, _)| *w == word)
+            .map(|(_, variant)| *variant)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    setting.name,
+                    format!("{word:?} is listed in the settings table but bound to nothing"),
+                )
+            })
     }
+}
+
+/// The deprecation warnings of the settings `env` gives (see [`Values::gather`]): one line per
+/// former name in use, saying what to set instead. Tracing starts after the configuration is
+/// read (it is configured by it), so the warnings are not logged while reading; `main` logs
+/// these once tracing runs. An invalid configuration has none (its load already failed).
+pub fn deprecation_warnings(env: HashMap<String, String>) -> Vec<String> {
+    Values::gather(env)
+        .map(|v| v.deprecated)
+        .unwrap_or_default()
+}
+
+/// Whether `name` is read: a setting or a former name of one.
+fn is_known(name: &str) -> bool {
+    SETTINGS.iter().any(|s| s.name == name) || RENAMED.iter().any(|r| r.old == name)
+}
+
+/// Replaces each former name in `given` by its setting, its whole milliseconds written as
+/// `ms`, and says so in the returned warnings. Both names given is refused, naming both: one
+/// silently winning would leave the other a setting that seems to work and does nothing.
+fn read_former_names(given: &mut HashMap<String, String>) -> Result<Vec<String>, ConfigError> {
+    let mut warnings = Vec::new();
+    for renamed in RENAMED {
+        let Some(raw) = given.remove(renamed.old) else {
+            continue;
+        };
+        let (old, new) = (renamed.old, renamed.new.name);
+        if given.contains_key(new) {
+            return Err(ConfigError::new(
+                old,
+                format!("is the former name of {new}, which is set too; keep only {new}"),
+            ));
+        }
+        let millis: u64 = raw.trim().parse().map_err(|_| {
+            ConfigError::new(
+                old,
+                format!("{raw:?} is not a whole number of milliseconds (its successor {new} takes a unit: 50ms, 2s)"),
+            )
+        })?;
+        let value = format!("{millis}ms");
+        check_kind(renamed.new, &value).map_err(|e| ConfigError::new(old, e.message))?;
+        warnings.push(format!(
+            "{old} is deprecated and will be removed: read as {new}={value}; set {new} instead"
+        ));
+        given.insert(new.to_owned(), value);
+    }
+    Ok(warnings)
 }
 
 /// Checks `raw` against the kind of `setting` (the table's test runs every default through it).
@@ -182,11 +254,11 @@ fn parse_duration_list(setting: &Setting, raw: &str) -> Result<Vec<Duration>, Co
     Ok(list)
 }
 
-fn parse_choice(setting: &Setting, raw: &str) -> Result<usize, ConfigError> {
+fn parse_choice(setting: &Setting, raw: &str) -> Result<&'static str, ConfigError> {
     let Kind::OneOf(words) = setting.kind else {
         panic!("{} is not a one-of setting", setting.name);
     };
-    words.iter().position(|w| *w == raw).ok_or_else(|| {
+    words.iter().find(|w| **w == raw).copied().ok_or_else(|| {
         ConfigError::new(
             setting.name,
             format!("{raw:?} is not one of {}", words.join(", ")),
@@ -269,14 +341,18 @@ fn read_file(path: &Path) -> Result<HashMap<String, String>, ConfigError> {
         .map_err(|e| file_error(format!("cannot read {}: {e}", path.display())))?;
     let table: toml::Table = toml::from_str(&text)
         .map_err(|e| file_error(format!("{} is not valid TOML: {e}", path.display())))?;
-    let by_key: BTreeMap<String, &'static Setting> =
-        SETTINGS.iter().map(|s| (s.file_key(), s)).collect();
+    // A key names a setting, or a former name of one, by its variable's name.
+    let by_key: BTreeMap<String, &'static str> = SETTINGS
+        .iter()
+        .map(|s| (s.file_key(), s.name))
+        .chain(RENAMED.iter().map(|r| (r.old_file_key(), r.old)))
+        .collect();
     let mut values = HashMap::new();
     for (key, value) in table {
-        let setting = by_key
-            .get(&key)
-            .ok_or_else(|| file_error(format!("{} sets unknown key {key:?}", path.display())))?;
-        if setting.name == CONFIG_FILE.name {
+        let Some(&name) = by_key.get(&key) else {
+            return Err(file_error(unknown_key(path, &key)));
+        };
+        if name == CONFIG_FILE.name {
             return Err(file_error("the file cannot name another file".to_owned()));
         }
         let text = match value {
@@ -294,7 +370,7 @@ fn read_file(path: &Path) -> Result<HashMap<String, String>, ConfigError> {
                 .join(","),
             other => {
                 return Err(ConfigError::new(
-                    setting.name,
+                    name,
                     format!(
                         "{} in {} is not a string, number or boolean",
                         other.type_str(),
@@ -303,7 +379,7 @@ fn read_file(path: &Path) -> Result<HashMap<String, String>, ConfigError> {
                 ));
             }
         };
-        values.insert(setting.name.to_owned(), text);
+        values.insert(name.to_owned(), text);
     }
     Ok(values)
 }

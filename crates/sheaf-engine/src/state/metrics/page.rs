@@ -156,7 +156,7 @@ pub fn render(
     w.header(
         "sheaf_attempt_duration_seconds",
         "histogram",
-        "Duration of webhook attempts.",
+        "Duration of delivery attempts, every destination type.",
     );
     let mut cumulative = 0;
     for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
@@ -425,7 +425,7 @@ pub fn render(
     );
     w.seconds(
         "sheaf_log_write_wait_seconds_total",
-        "Time log store writes spent waiting for more rows (SHEAF_LOG_WRITE_MAX_WAIT_MS windows); divided by writes, the mean wait.",
+        "Time log store writes spent waiting for more rows (SHEAF_LOG_WRITE_MAX_WAIT windows); divided by writes, the mean wait.",
         write.write_wait,
     );
     let commit = sources.publish_commit.snapshot();

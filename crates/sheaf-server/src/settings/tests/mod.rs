@@ -7,6 +7,8 @@ use sheaf_cdc::{BatchingPolicy, PublicationTables};
 
 use super::*;
 
+mod names;
+
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
         .iter()
