@@ -56,7 +56,7 @@ pub(super) enum Claim {
     /// The earlier `PostgresJobQueue::claim`: [`joined_claim_sql`], one plain statement joined
     /// to its subquery, planned by Postgres from whatever its statistics say.
     Joined,
-    /// `PostgresJobQueue::claim` as shipped: [`shipped_claim_sql`], the ids picked in an init
+    /// `PostgresJobQueue::claim` as shipped: [`sheaf_postgres::claim_sql`], the ids picked in an init
     /// plan.
     Shipped,
     /// The candidate: [`candidate_function`], pinned to `jobs_due`.
@@ -224,23 +224,6 @@ fn joined_claim_sql(s: &str) -> String {
     )
 }
 
-/// The claim `PostgresJobQueue` ships now, word for word: the ids picked in `ARRAY(…)`.
-fn shipped_claim_sql(s: &str) -> String {
-    format!(
-        "UPDATE {s}.jobs AS j SET claimed_until = GREATEST(now() + $2::bigint * interval '1 microsecond', \
-                          j.claimed_until + interval '1 microsecond')
-         WHERE j.id = ANY (ARRAY(
-               SELECT id FROM {s}.jobs
-               WHERE next_due_at <= now()
-                 AND (claimed_until IS NULL OR claimed_until < now())
-               ORDER BY next_due_at, id
-               LIMIT $1
-               FOR UPDATE SKIP LOCKED))
-         RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
-                   j.last_attempt_time, j.next_due_at, j.claimed_until"
-    )
-}
-
 /// Claims with `claim`'s statement.
 #[derive(Clone)]
 struct Claimer {
@@ -287,7 +270,7 @@ async fn run_one(
         pool: pool.clone(),
         sql: Arc::new(match claim {
             Claim::Joined => joined_claim_sql(&schema.schema),
-            Claim::Shipped => shipped_claim_sql(&schema.schema),
+            Claim::Shipped => sheaf_postgres::claim_sql(&schema.schema),
             Claim::Function => candidate_claim_sql(&schema.schema),
         }),
     };
