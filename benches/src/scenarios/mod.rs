@@ -18,17 +18,8 @@ mod queue_sustained;
 use crate::context::Ctx;
 use crate::report::Report;
 
-/// Every scenario, in the order `all` runs them.
-pub const NAMES: &[&str] = &[
-    "lookup",
-    "parts",
-    "queue",
-    "delivery",
-    "burst",
-    "cdc",
-    "destinations",
-    "memory",
-];
+/// Every scenario, in the order `all` runs them (the list xtask checks names against).
+pub use sheaf_testenv::scenarios::BENCH as NAMES;
 
 /// Runs the scenario `name`.
 pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {
