@@ -2,7 +2,6 @@
 //! receiver, and the checks every scenario ends with.
 
 mod broker;
-mod broker_clients;
 mod cdc;
 mod clickhouse;
 mod disabled;
