@@ -5,8 +5,6 @@ mod burst;
 mod cdc;
 mod cdc_service;
 mod delivery;
-mod delivery_queue;
-mod delivery_report;
 mod destinations;
 mod destinations_target;
 mod lookup;
