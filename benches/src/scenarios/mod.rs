@@ -3,7 +3,6 @@
 
 mod burst;
 mod cdc;
-mod cdc_service;
 mod delivery;
 mod destinations;
 mod destinations_target;
