@@ -5,7 +5,6 @@ mod burst;
 mod cdc;
 mod delivery;
 mod destinations;
-mod destinations_target;
 mod lookup;
 mod memory;
 mod parts;

@@ -18,7 +18,7 @@ use serde::Serialize;
 use sheaf_testenv::broker_clients;
 use sheaf_testenv::receiver::Receiver;
 
-use super::destinations::Kind;
+use super::Kind;
 
 /// The topic every event is published with (`Publisher::publish`), and so the routing key of
 /// the RabbitMQ messages: the destination leaves `routing_key` out, and the queue is bound
