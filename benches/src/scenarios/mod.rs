@@ -9,7 +9,6 @@ mod lookup;
 mod memory;
 mod parts;
 mod queue;
-mod queue_sustained;
 
 use crate::context::Ctx;
 use crate::report::Report;

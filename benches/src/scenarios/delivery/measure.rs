@@ -201,7 +201,7 @@ pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: In
     }
 }
 
-pub(super) fn publish_ms(sent: &load::Sent) -> Vec<f64> {
+fn publish_ms(sent: &load::Sent) -> Vec<f64> {
     sent.publish_micros
         .iter()
         .map(|&us| us as f64 / 1000.0)

@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail, ensure};
 
 use crate::load::{self, Pace};
 use crate::progress::Progress;
-use crate::report::{self};
+use crate::report;
 use crate::sheaf::{Sheaf, metric};
 
 use super::target::{Arrived, Target, Urls};
@@ -65,7 +65,7 @@ pub(super) async fn run_kind(
 
 /// Points `tenant`'s destination at `target`, delivers every event to it, and reads back what
 /// arrived there.
-pub(super) async fn deliver_to(
+async fn deliver_to(
     sheaf: &Sheaf,
     kind: Kind,
     tenant: &str,
@@ -86,7 +86,7 @@ pub(super) async fn deliver_to(
 
 /// Publishes the events from the closed loop while reading the delivered count from
 /// `/metrics`; returns once every event was delivered.
-pub(super) async fn deliver_all(
+async fn deliver_all(
     sheaf: &Sheaf,
     kind: Kind,
     tenant: &str,
