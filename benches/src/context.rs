@@ -6,7 +6,7 @@ use anyhow::Context as _;
 
 /// The variable naming the `sheaf` binary the service scenarios spawn (`cargo xtask bench` builds
 /// it and sets this).
-pub const SHEAF_BIN_VAR: &str = "SHEAF_BENCH_SHEAF_BIN";
+pub use sheaf_testenv::BENCH_SHEAF_BIN_VAR as SHEAF_BIN_VAR;
 
 /// One run's settings.
 #[derive(Debug, Clone)]

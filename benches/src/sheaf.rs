@@ -1,20 +1,24 @@
 //! A `sheaf serve` process for the service scenarios (the shared child process of
 //! `sheaf_testenv::process`): started from the binary `cargo xtask bench` built, configured
-//! through its environment like any deployment, driven over its HTTP API on loopback, measured
+//! through its environment like any deployment, driven over its HTTP API on loopback (the
+//! shared client, `sheaf_testenv::api`), measured
 //! through `/proc/<pid>/status` and `/metrics`, and stopped with SIGTERM (a graceful stop) by its
 //! PID, SIGKILL only if it does not stop in time.
 
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::bail;
+use sheaf_testenv::api::Api;
 use sheaf_testenv::process::{SheafCommand, SheafProcess, metric_sample};
+
+/// The topic every event is published with.
+pub const TOPIC: &str = "bench.event";
 
 /// A running `sheaf serve` and the client the scenario drives it with.
 #[derive(Debug)]
 pub struct Sheaf {
     process: SheafProcess,
-    http: reqwest::Client,
+    api: Api,
 }
 
 impl Sheaf {
@@ -34,7 +38,10 @@ impl Sheaf {
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)
             .build()?;
-        Ok(Sheaf { process, http })
+        Ok(Sheaf {
+            process,
+            api: Api::with_client(http),
+        })
     }
 
     /// The URL of `path` on its HTTP API.
@@ -44,28 +51,15 @@ impl Sheaf {
 
     /// Creates (or keeps) the tenant.
     pub async fn add_tenant(&self, tenant: &str) -> anyhow::Result<()> {
-        let put = self
-            .http
-            .put(self.url(&format!("/api/v1/tenants/{tenant}")))
-            .header("content-type", "application/json")
-            .body("{}")
-            .send()
-            .await?;
-        if !put.status().is_success() {
-            bail!(
-                "create tenant: {} {}",
-                put.status(),
-                put.text().await.unwrap_or_default()
-            );
-        }
-        Ok(())
+        self.api.tenant(&self.process.base(), tenant).await
     }
 
     /// Creates the tenant and one webhook destination for every topic pointing at `url`.
     pub async fn add_destination(&self, tenant: &str, url: &str) -> anyhow::Result<()> {
-        self.add_tenant(tenant).await?;
-        self.add_typed_destination(tenant, "webhook", serde_json::json!({ "url": url }))
-            .await
+        self.api
+            .tenant_with_destination(&self.process.base(), tenant, url)
+            .await?;
+        Ok(())
     }
 
     /// Creates one destination of type `kind` (`webhook`, `rabbitmq`, `nats`, …) for every topic
@@ -76,32 +70,16 @@ impl Sheaf {
         kind: &str,
         config: serde_json::Value,
     ) -> anyhow::Result<()> {
-        let body = serde_json::json!({
-            "type": kind,
-            "topics": ["*"],
-            "config": config,
-        });
-        let post = self
-            .http
-            .post(self.url(&format!("/api/v1/tenants/{tenant}/destinations")))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body)?)
-            .send()
+        self.api
+            .destination(&self.process.base(), tenant, kind, config)
             .await?;
-        if !post.status().is_success() {
-            bail!(
-                "create {kind} destination: {} {}",
-                post.status(),
-                post.text().await.unwrap_or_default()
-            );
-        }
         Ok(())
     }
 
     /// A client for publishing (cheap to clone).
     pub fn publisher(&self, tenant: &str) -> Publisher {
         Publisher {
-            http: self.http.clone(),
+            api: self.api.clone(),
             url: self.url("/api/v1/publish"),
             tenant: tenant.to_owned(),
         }
@@ -109,13 +87,7 @@ impl Sheaf {
 
     /// The `/metrics` page.
     pub async fn metrics(&self) -> anyhow::Result<String> {
-        Ok(self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?)
+        self.api.metrics(&self.process.base()).await
     }
 
     /// Peak resident set in KiB.
@@ -138,31 +110,25 @@ impl Sheaf {
 /// Publishes events for one tenant.
 #[derive(Debug, Clone)]
 pub struct Publisher {
-    http: reqwest::Client,
+    api: Api,
     url: String,
     tenant: String,
 }
 
 impl Publisher {
-    /// Publishes `{"seq": seq, "pad": pad}` with topic `bench.event`; `Ok(false)` when the service
-    /// refused it (not 202).
+    /// Publishes `{"seq": seq, "pad": pad}` with topic [`TOPIC`]; `Ok(false)` when the service
+    /// refused it (not 202). The answer's body is not read: the publisher's own cost is part of
+    /// what the scenarios measure.
     pub async fn publish(&self, seq: u64, pad: &str) -> anyhow::Result<bool> {
         // A publisher-chosen id, as clients that retry publishes send: the path that checks
         // idempotency.
-        let body = serde_json::json!({
-            "tenant_id": self.tenant,
-            "id": format!("bench-{seq}"),
-            "topic": "bench.event",
-            "data": { "seq": seq, "pad": pad },
-        });
-        let response = self
-            .http
-            .post(&self.url)
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body)?)
-            .send()
+        let data = serde_json::json!({ "seq": seq, "pad": pad });
+        let id = format!("bench-{seq}");
+        let status = self
+            .api
+            .publish_status(&self.url, &self.tenant, TOPIC, &id, &data)
             .await?;
-        Ok(response.status().as_u16() == 202)
+        Ok(status == 202)
     }
 }
 

@@ -12,20 +12,9 @@ use crate::services;
 use anyhow::{Context, bail};
 use std::process::{Command, ExitCode};
 
-/// Every scenario the bench binary knows, in the order `all` runs them.
-pub const SCENARIOS: &[&str] = &[
-    "lookup",
-    "parts",
-    "queue",
-    "delivery",
-    "burst",
-    "cdc",
-    "destinations",
-    "memory",
-];
-
-/// Scenarios that spawn `sheaf` processes, so the binary must be built first.
-const SPAWNS_SHEAF: &[&str] = &["delivery", "burst", "cdc", "destinations", "memory"];
+/// Every scenario the bench binary knows, in the order `all` runs them, and those that spawn
+/// `sheaf` processes, so the binary must be built first.
+use sheaf_testenv::scenarios::{BENCH as SCENARIOS, BENCH_SPAWNING_SHEAF as SPAWNS_SHEAF};
 
 /// `cargo xtask bench …`: parses the arguments, starts the services, runs, stops what it started.
 pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
@@ -84,7 +73,7 @@ pub fn run(env: &services::ServicesEnv, names: &[&str], quick: bool) -> anyhow::
     cmd.arg("--out").arg(root.join("target").join("bench"));
     cmd.envs(env.vars.iter().map(|(k, v)| (k, v)));
     if let Some(bin) = &sheaf_bin {
-        cmd.env("SHEAF_BENCH_SHEAF_BIN", bin);
+        cmd.env(sheaf_testenv::BENCH_SHEAF_BIN_VAR, bin);
     }
     run_step(&mut cmd)
 }

@@ -29,18 +29,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 /// Every scenario of `sheaf-chaos`, in the order `all` runs them.
-pub const SCENARIOS: &[&str] = &[
-    "kill",
-    "postgres",
-    "clickhouse",
-    "shutdown",
-    "cdc",
-    "broker",
-    "outage",
-    "disabled",
-    "overload",
-    "secrets",
-];
+use sheaf_testenv::scenarios::CHAOS as SCENARIOS;
 
 /// The fault suite's own Postgres cluster (version [`postgres::VERSION`]).
 pub const POSTGRES_CLUSTER: &str = "sheaf_chaos";
@@ -50,11 +39,11 @@ const POSTGRES_PREFERRED_PORT: u16 = 15433;
 const CLICKHOUSE_PREFERRED_PORT: u16 = 18124;
 
 /// The variables `sheaf-chaos` reads (see docs/configuration.md).
-const SHEAF_BIN_VAR: &str = "SHEAF_CHAOS_SHEAF_BIN";
-const POSTGRES_URL_VAR: &str = "SHEAF_CHAOS_POSTGRES_URL";
-const CLICKHOUSE_URL_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_URL";
-const CTL_VAR: &str = "SHEAF_CHAOS_CTL";
-const DIR_VAR: &str = "SHEAF_CHAOS_DIR";
+use sheaf_testenv::{
+    CHAOS_CLICKHOUSE_URL_VAR as CLICKHOUSE_URL_VAR, CHAOS_CTL_VAR as CTL_VAR,
+    CHAOS_DIR_VAR as DIR_VAR, CHAOS_POSTGRES_URL_VAR as POSTGRES_URL_VAR,
+    CHAOS_SHEAF_BIN_VAR as SHEAF_BIN_VAR,
+};
 
 fn chaos_dir() -> PathBuf {
     state_dir().join("chaos")

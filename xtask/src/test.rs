@@ -96,7 +96,7 @@ fn run_suites(env: &services::ServicesEnv, runner_args: &[&str]) -> anyhow::Resu
     let mut passed = true;
     for mut step in steps {
         step.envs(env.vars.iter().map(|(k, v)| (k, v)))
-            .env("SHEAF_TEST_PYTHON", services::venv_python());
+            .env(sheaf_testenv::PYTHON_VAR, services::venv_python());
         passed &= run_step(&mut step)?;
     }
     Ok(passed)

@@ -3,32 +3,18 @@
 
 mod burst;
 mod cdc;
-mod cdc_service;
 mod delivery;
-mod delivery_queue;
-mod delivery_report;
 mod destinations;
-mod destinations_target;
 mod lookup;
 mod memory;
 mod parts;
 mod queue;
-mod queue_sustained;
 
 use crate::context::Ctx;
 use crate::report::Report;
 
-/// Every scenario, in the order `all` runs them.
-pub const NAMES: &[&str] = &[
-    "lookup",
-    "parts",
-    "queue",
-    "delivery",
-    "burst",
-    "cdc",
-    "destinations",
-    "memory",
-];
+/// Every scenario, in the order `all` runs them (the list xtask checks names against).
+pub use sheaf_testenv::scenarios::BENCH as NAMES;
 
 /// Runs the scenario `name`.
 pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {

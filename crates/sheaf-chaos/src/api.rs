@@ -1,12 +1,11 @@
-//! A small client for the `sheaf` HTTP API, and the load and probes the scenarios run with it:
-//! a paced publisher that retries each event until some process accepts it, a `/readyz`
-//! poller, and an RSS sampler.
+//! The load and probes the scenarios run with the shared client for the `sheaf` HTTP API
+//! (`sheaf_testenv::api`): a paced publisher that retries each event until some process
+//! accepts it, a `/readyz` poller, and an RSS sampler.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use serde_json::{Value, json};
 use sheaf_engine::backoff::Backoff;
@@ -16,206 +15,11 @@ use tokio::task::JoinHandle;
 
 use crate::report::{Report, at, secs};
 
-/// The admin API of any `sheaf` process (no API key: they listen on loopback).
-#[derive(Debug, Clone)]
-pub struct Api {
-    http: reqwest::Client,
-}
+/// The client for the API of any `sheaf` process (the shared one).
+pub use sheaf_testenv::api::Api;
 
-impl Api {
-    /// A client whose requests give up after `timeout`.
-    pub fn new(timeout: Duration) -> anyhow::Result<Self> {
-        Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
-        })
-    }
-
-    async fn send(
-        &self,
-        method: reqwest::Method,
-        url: String,
-        body: Option<&Value>,
-    ) -> anyhow::Result<(u16, Value)> {
-        let mut request = self.http.request(method, url);
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(serde_json::to_vec(body)?);
-        }
-        let response = request.send().await?;
-        let status = response.status().as_u16();
-        let bytes = response.bytes().await?;
-        let body = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        Ok((status, body))
-    }
-
-    /// Sends any request to a process; the status and body.
-    pub async fn call(
-        &self,
-        method: reqwest::Method,
-        base: &str,
-        path: &str,
-        body: Option<&Value>,
-    ) -> anyhow::Result<(u16, Value)> {
-        self.send(method, format!("{base}{path}"), body).await
-    }
-
-    /// Creates `tenant` with one webhook destination for every topic; returns its id.
-    pub async fn tenant_with_destination(
-        &self,
-        base: &str,
-        tenant: &str,
-        url: &str,
-    ) -> anyhow::Result<String> {
-        self.tenant(base, tenant).await?;
-        self.destination(base, tenant, "webhook", json!({ "url": url }))
-            .await
-    }
-
-    /// Creates (or keeps) `tenant`.
-    pub async fn tenant(&self, base: &str, tenant: &str) -> anyhow::Result<()> {
-        let (status, body) = self
-            .send(
-                reqwest::Method::PUT,
-                format!("{base}/api/v1/tenants/{tenant}"),
-                None,
-            )
-            .await?;
-        if status != 200 && status != 201 {
-            bail!("creating tenant {tenant} answered {status}: {body}");
-        }
-        Ok(())
-    }
-
-    /// Creates a destination of type `kind` with `config` for every topic of `tenant`; returns
-    /// its id.
-    pub async fn destination(
-        &self,
-        base: &str,
-        tenant: &str,
-        kind: &str,
-        config: Value,
-    ) -> anyhow::Result<String> {
-        let destination = json!({ "type": kind, "topics": ["*"], "config": config });
-        let (status, body) = self
-            .send(
-                reqwest::Method::POST,
-                format!("{base}/api/v1/tenants/{tenant}/destinations"),
-                Some(&destination),
-            )
-            .await?;
-        if status != 201 {
-            bail!("creating a {kind} destination answered {status}: {body}");
-        }
-        body["id"]
-            .as_str()
-            .map(str::to_owned)
-            .context("the destination has no id")
-    }
-
-    /// Rotates the signing secret of `tenant`'s destination `id`.
-    pub async fn rotate_secret(&self, base: &str, tenant: &str, id: &str) -> anyhow::Result<()> {
-        let (status, body) = self
-            .send(
-                reqwest::Method::POST,
-                format!("{base}/api/v1/tenants/{tenant}/destinations/{id}/rotate-secret"),
-                None,
-            )
-            .await?;
-        if status != 200 {
-            bail!("rotating the secret of destination {id} answered {status}: {body}");
-        }
-        Ok(())
-    }
-
-    /// One publish; the status, or an error when no answer came.
-    pub async fn publish(
-        &self,
-        base: &str,
-        tenant: &str,
-        id: &str,
-        data: &Value,
-    ) -> anyhow::Result<(u16, Value)> {
-        let body = json!({ "tenant_id": tenant, "topic": "chaos.event", "id": id, "data": data });
-        self.send(
-            reqwest::Method::POST,
-            format!("{base}/api/v1/publish"),
-            Some(&body),
-        )
-        .await
-    }
-
-    /// One publish, answered with its status and its `Retry-After` in seconds (when sent);
-    /// an error when no answer came.
-    pub async fn publish_answer(
-        &self,
-        base: &str,
-        tenant: &str,
-        id: &str,
-        data: &Value,
-    ) -> anyhow::Result<(u16, Option<u64>)> {
-        let body = json!({ "tenant_id": tenant, "topic": "chaos.event", "id": id, "data": data });
-        let response = self
-            .http
-            .post(format!("{base}/api/v1/publish"))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body)?)
-            .send()
-            .await?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
-        // Read the body so the connection goes back to the pool.
-        let _ = response.bytes().await?;
-        Ok((status, retry_after))
-    }
-
-    /// `GET /readyz`: the status and body, or `None` when nothing answered.
-    pub async fn readyz(&self, base: &str) -> Option<(u16, Value)> {
-        self.send(reqwest::Method::GET, format!("{base}/readyz"), None)
-            .await
-            .ok()
-    }
-
-    /// The `/metrics` page.
-    pub async fn metrics(&self, base: &str) -> anyhow::Result<String> {
-        match self
-            .send(reqwest::Method::GET, format!("{base}/metrics"), None)
-            .await?
-        {
-            (200, Value::String(page)) => Ok(page),
-            (status, body) => bail!("/metrics answered {status}: {body}"),
-        }
-    }
-
-    /// Every item of a listing (`/api/v1/tenants/{t}/events` or `…/attempts`), following cursors.
-    pub async fn list_all(&self, base: &str, path: &str) -> anyhow::Result<Vec<Value>> {
-        let mut items = Vec::new();
-        let mut next: Option<String> = None;
-        // At most 1,000 pages of 1,000: far beyond any scenario's size.
-        for _ in 0..1_000 {
-            let separator = if path.contains('?') { '&' } else { '?' };
-            let mut url = format!("{base}{path}{separator}limit=1000");
-            if let Some(cursor) = &next {
-                url.push_str(&format!("&next={cursor}"));
-            }
-            let (status, body) = self.send(reqwest::Method::GET, url, None).await?;
-            if status != 200 {
-                bail!("{path} answered {status}: {body}");
-            }
-            items.extend(body["items"].as_array().cloned().unwrap_or_default());
-            match body["next"].as_str() {
-                Some(cursor) => next = Some(cursor.to_owned()),
-                None => return Ok(items),
-            }
-        }
-        bail!("{path} has more than a million items")
-    }
-}
+/// The topic every scenario publishes with.
+pub const TOPIC: &str = "chaos.event";
 
 /// One sample of a Prometheus page (`name` with its labels, as printed).
 pub use sheaf_testenv::process::metric_sample as metric;
@@ -354,7 +158,7 @@ async fn publish_until_accepted(
     let mut backoff = PUBLISH_BACKOFF;
     for attempt in 0usize.. {
         let answer = match targets.pick(i + attempt) {
-            Some(base) => match api.publish(&base, tenant, id, &data).await {
+            Some(base) => match api.publish(&base, tenant, TOPIC, id, &data).await {
                 Ok((202, body)) => {
                     let mut outcome = outcome.lock().unwrap_or_else(|e| e.into_inner());
                     outcome.accepted.insert(id.to_owned(), Instant::now());

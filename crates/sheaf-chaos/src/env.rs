@@ -45,7 +45,7 @@ fn var(name: &str) -> anyhow::Result<String> {
 impl Ctx {
     /// Reads the variables xtask sets.
     pub async fn from_env(quick: bool) -> anyhow::Result<Self> {
-        let postgres_url = var("SHEAF_CHAOS_POSTGRES_URL")?;
+        let postgres_url = var(sheaf_testenv::CHAOS_POSTGRES_URL_VAR)?;
         let pg = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
@@ -58,11 +58,11 @@ impl Ctx {
             .as_micros();
         Ok(Self {
             quick,
-            sheaf_bin: var("SHEAF_CHAOS_SHEAF_BIN")?.into(),
+            sheaf_bin: var(sheaf_testenv::CHAOS_SHEAF_BIN_VAR)?.into(),
             postgres_url,
-            clickhouse_url: var("SHEAF_CHAOS_CLICKHOUSE_URL")?,
-            ctl: var("SHEAF_CHAOS_CTL")?.into(),
-            dir: var("SHEAF_CHAOS_DIR")?.into(),
+            clickhouse_url: var(sheaf_testenv::CHAOS_CLICKHOUSE_URL_VAR)?,
+            ctl: var(sheaf_testenv::CHAOS_CTL_VAR)?.into(),
+            dir: var(sheaf_testenv::CHAOS_DIR_VAR)?.into(),
             run_id: format!("{:x}", micros % 0xffff_ffff_ffff),
             pg,
             http: reqwest::Client::builder()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use crate::api::{Api, event_data};
+use crate::api::{Api, TOPIC, event_data};
 
 /// What one load got from the process.
 #[derive(Debug, Default)]
@@ -145,7 +145,8 @@ pub fn closed_loop(
                         n += 1;
                         loop {
                             let sent = Instant::now();
-                            let answer = api.publish_answer(&base, &tenant, &id, &data).await;
+                            let answer =
+                                api.publish_answer(&base, &tenant, TOPIC, &id, &data).await;
                             load.lock()
                                 .unwrap_or_else(|e| e.into_inner())
                                 .record(&id, sent, &answer);
@@ -203,7 +204,7 @@ pub fn open_loop(
                 let id = format!("{scenario}-{n:07}");
                 let sent = Instant::now();
                 let answer = api
-                    .publish_answer(&base, &tenant, &id, &event_data(scenario, n))
+                    .publish_answer(&base, &tenant, TOPIC, &id, &event_data(scenario, n))
                     .await;
                 load.lock()
                     .unwrap_or_else(|e| e.into_inner())

@@ -59,7 +59,7 @@ pub use config::{DEFAULT_SCHEMA, PostgresConfig, PostgresTls};
 pub use entity::PostgresEntityStore;
 pub use log::PostgresLogStore;
 pub use outbox::{OutboxLayout, PostgresOutbox};
-pub use queue::{PostgresJobQueue, VACUUM_AFTER_DEAD_ROWS};
+pub use queue::{PostgresJobQueue, VACUUM_AFTER_DEAD_ROWS, claim_sql};
 pub use replay::PostgresReplayStore;
 
 use crate::db::Db;

@@ -52,6 +52,45 @@ use crate::error::from_sqlx;
 pub(crate) const JOB_COLUMNS: &str =
     "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time";
 
+/// A new `claimed_until` from the lease length in parameter `$p`: exact microseconds
+/// (`$p * interval '1 microsecond'`, never float seconds), and always later than the row's old
+/// one.
+fn lease_end(p: usize) -> String {
+    format!(
+        "GREATEST(now() + ${p}::bigint * interval '1 microsecond', \
+                  j.claimed_until + interval '1 microsecond')"
+    )
+}
+
+/// The lease claim [`PostgresJobQueue`] runs on the tables of `schema`, one statement: pick due,
+/// unheld jobs in (next_due_at, id) order from the `jobs_due` index, skip rows another claimer
+/// has locked, stamp the lease. `$1` is the most jobs to claim, `$2` the lease in microseconds.
+/// Public so that the queue benchmark measures this very statement.
+///
+/// The picked ids are an `ARRAY(…)`, which Postgres runs once as an init plan, and the update
+/// finds them by primary key. Joined as `FROM (SELECT …) AS picked`, the statement's generic
+/// plan (a prepared statement's plan after five runs, made without knowing `$1`) guesses the
+/// subquery returns a tenth of the table and hash-joins it against a sequential scan of the
+/// whole heap: every claim then reads every live and dead row, and under a backlog of 170,000
+/// rows that is what slowed claims to seconds (docs/ARCHITECTURE.md, "Why the claim stays
+/// fast").
+pub fn claim_sql(schema: &str) -> String {
+    let s = schema;
+    format!(
+        "UPDATE {s}.jobs AS j SET claimed_until = {}
+         WHERE j.id = ANY (ARRAY(
+               SELECT id FROM {s}.jobs
+               WHERE next_due_at <= now()
+                 AND (claimed_until IS NULL OR claimed_until < now())
+               ORDER BY next_due_at, id
+               LIMIT $1
+               FOR UPDATE SKIP LOCKED))
+         RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                   j.last_attempt_time, j.next_due_at, j.claimed_until",
+        lease_end(2)
+    )
+}
+
 #[derive(Debug)]
 struct Statements {
     enqueue: String,
@@ -73,13 +112,6 @@ impl Statements {
         // Outcomes join the leases on (id, claimed_until): the lease guard.
         let leases = "unnest($1::uuid[], $2::timestamptz[]) AS l(id, claimed_until)";
         let held = "j.id = l.id AND j.claimed_until = l.claimed_until";
-        // Exact microseconds: `$n * interval '1 microsecond'`, never float seconds.
-        let lease_end = |p: usize| {
-            format!(
-                "GREATEST(now() + ${p}::bigint * interval '1 microsecond', \
-                          j.claimed_until + interval '1 microsecond')"
-            )
-        };
         Statements {
             // A dead-lettered id stays taken. (A dead letter committing between this statement's
             // snapshot and its insert could let the id in again; that needs an enqueue retried at
@@ -93,29 +125,7 @@ impl Statements {
                  WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = u.id)
                  ON CONFLICT (id) DO NOTHING"
             ),
-            // The lease claim, one statement: pick due, unheld jobs in (next_due_at, id) order
-            // from the `jobs_due` index, skip rows another claimer has locked, stamp the lease.
-            //
-            // The picked ids are an `ARRAY(…)`, which Postgres runs once as an init plan, and
-            // the update finds them by primary key. Joined as `FROM (SELECT …) AS picked`, the
-            // statement's generic plan (a prepared statement's plan after five runs, made without
-            // knowing `$1`) guesses the subquery returns a tenth of the table and hash-joins it
-            // against a sequential scan of the whole heap: every claim then reads every live and
-            // dead row, and under a backlog of 170,000 rows that is what slowed claims to seconds
-            // (docs/ARCHITECTURE.md, "Why the claim stays fast").
-            claim: format!(
-                "UPDATE {s}.jobs AS j SET claimed_until = {}
-                 WHERE j.id = ANY (ARRAY(
-                       SELECT id FROM {s}.jobs
-                       WHERE next_due_at <= now()
-                         AND (claimed_until IS NULL OR claimed_until < now())
-                       ORDER BY next_due_at, id
-                       LIMIT $1
-                       FOR UPDATE SKIP LOCKED))
-                 RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
-                           j.last_attempt_time, j.next_due_at, j.claimed_until",
-                lease_end(2)
-            ),
+            claim: claim_sql(s),
             renew: format!(
                 "UPDATE {s}.jobs AS j SET claimed_until = {}
                  FROM {leases} WHERE {held}

@@ -1,6 +1,6 @@
 //! What Sheaf's test suites, benchmarks and fault suite share, so each piece exists once.
 //!
-//! Always here, with no dependency but `rand`: where the suites find their real servers and
+//! Always here, with no dependency at all (xtask uses it too, and builds on std alone): where the suites find their real servers and
 //! what happens when one is missing. `cargo xtask test` starts Postgres and ClickHouse and
 //! passes their URLs in `SHEAF_TEST_POSTGRES_URL` and `SHEAF_TEST_CLICKHOUSE_URL`, and the
 //! Python of its virtual environment in `SHEAF_TEST_PYTHON`. A test that needs one asks here
@@ -22,8 +22,12 @@
 //! databases. A test that must stop or restart a broker starts one of its own instead
 //! (`brokers`, below).
 //!
+//! Also always here: the names of the variables xtask hands the benchmarks and the fault
+//! suite (`SHEAF_BENCH_*`, `SHEAF_CHAOS_*`), and [`scenarios`], the one list of benchmark and
+//! fault scenarios that xtask checks a name against and the binaries run.
+//!
 //! Behind features, so a suite compiles only what it uses (a module's name is its feature's,
-//! but for `cdc`):
+//! but for `cdc`, and with `_` for `-`):
 //! - `receiver`: `receiver::Receiver`, the loopback webhook receiver every delivery test,
 //!   benchmark and fault scenario delivers to, with Standard Webhooks signature checks;
 //! - `process`: `process::SheafProcess`, a `sheaf serve` child process, and readings of its
@@ -33,12 +37,20 @@
 //!   against, and dropping a scratch database from a destructor;
 //! - `cdc`: `pgoutput`, `Relation` messages for the decoder and the reader;
 //! - `brokers`: `brokers::NatsServer` and `brokers::RabbitServer`, a test's own broker
-//!   process that it can stop, kill and start again on the same port with the same data.
+//!   process that it can stop, kill and start again on the same port with the same data, and
+//!   `brokers::launch`, how every broker is launched (xtask's shared ones too);
+//! - `api`: `api::Api`, the client for Sheaf's HTTP API every harness drives a `sheaf` with;
+//! - `broker-clients`: `broker_clients`, the exchange, queue and stream a harness declares on
+//!   the brokers Sheaf publishes to, and reading back what a stream stored.
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::process::Command;
 
+#[cfg(feature = "api")]
+pub mod api;
+#[cfg(feature = "broker-clients")]
+pub mod broker_clients;
 #[cfg(feature = "brokers")]
 pub mod brokers;
 #[cfg(feature = "clickhouse")]
@@ -51,6 +63,7 @@ pub mod postgres;
 pub mod process;
 #[cfg(feature = "receiver")]
 pub mod receiver;
+pub mod scenarios;
 
 /// The variable that carries the Postgres URL (a `LOGIN REPLICATION` role, `wal_level = logical`).
 pub const POSTGRES_URL_VAR: &str = "SHEAF_TEST_POSTGRES_URL";
@@ -81,6 +94,19 @@ pub const PYTHON_VAR: &str = "SHEAF_TEST_PYTHON";
 pub const CHROMIUM_VAR: &str = "SHEAF_TEST_CHROMIUM";
 /// Node.js, with the portal tests' npm packages installed by xtask.
 pub const NODE_VAR: &str = "SHEAF_TEST_NODE";
+
+/// The `sheaf` binary `sheaf-bench` starts for the scenarios that spawn one (set by xtask).
+pub const BENCH_SHEAF_BIN_VAR: &str = "SHEAF_BENCH_SHEAF_BIN";
+/// The `sheaf` binary the fault suite starts: xtask's copy, which no rebuild can swap mid-run.
+pub const CHAOS_SHEAF_BIN_VAR: &str = "SHEAF_CHAOS_SHEAF_BIN";
+/// The fault suite's own Postgres (a cluster the scenarios stop and restart).
+pub const CHAOS_POSTGRES_URL_VAR: &str = "SHEAF_CHAOS_POSTGRES_URL";
+/// The fault suite's own ClickHouse.
+pub const CHAOS_CLICKHOUSE_URL_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_URL";
+/// The xtask binary the fault suite runs as `chaos-ctl …` to stop and start its servers.
+pub const CHAOS_CTL_VAR: &str = "SHEAF_CHAOS_CTL";
+/// The fault suite's work directory (logs, the PIDs of the `sheaf` processes it spawned).
+pub const CHAOS_DIR_VAR: &str = "SHEAF_CHAOS_DIR";
 
 /// The prefix of every variable the `sheaf` binary reads.
 pub const SHEAF_ENV_PREFIX: &str = "SHEAF_";
@@ -319,14 +345,29 @@ pub fn with_query_param(url: &str, key: &str, value: &str) -> String {
 
 /// A name no other run uses, for a schema, database or table prefix: `prefix_` and
 /// 12 random lower-case letters and digits, valid unquoted in Postgres and ClickHouse.
+///
+/// The randomness is std's: a [`RandomState`](std::collections::hash_map::RandomState) is
+/// keyed from the operating system's random source, and hashing a process-wide counter, the
+/// PID and the time with it gives 64 unpredictable bits, enough for the 62 the name holds.
+/// That keeps this crate free of dependencies, so xtask can use it and still build on std only.
 pub fn unique_name(prefix: &str) -> String {
-    use rand::Rng;
+    use std::hash::{BuildHasher as _, Hasher as _};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.write_u128(now.as_nanos());
+    let mut bits = hasher.finish();
     let mut name = String::with_capacity(prefix.len() + 13);
     let _ = write!(name, "{prefix}_");
     for _ in 0..12 {
-        name.push(ALPHABET[rng.random_range(0..ALPHABET.len())] as char);
+        name.push(ALPHABET[(bits % ALPHABET.len() as u64) as usize] as char);
+        bits /= ALPHABET.len() as u64;
     }
     name
 }

@@ -4,17 +4,13 @@
 
 use crate::process::{run_visible, workspace_root};
 use anyhow::Context;
+use sheaf_testenv::{CHROMIUM_VAR, NODE_VAR};
 use std::path::PathBuf;
 use std::process::Command;
 
 /// Debian's Chromium: the only browser the tests drive (never one Playwright downloads).
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMIUM_PACKAGE: &str = "chromium";
-
-/// The variable that carries Chromium's path to the tests.
-pub const CHROMIUM_VAR: &str = "SHEAF_TEST_CHROMIUM";
-/// The variable that carries Node.js's path to the tests.
-pub const NODE_VAR: &str = "SHEAF_TEST_NODE";
 
 /// The package to install, if Chromium is missing.
 pub fn missing_packages() -> Vec<&'static str> {

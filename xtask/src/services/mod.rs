@@ -32,24 +32,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// The variables the test suites read.
-pub const POSTGRES_URL_VAR: &str = "SHEAF_TEST_POSTGRES_URL";
-pub const CLICKHOUSE_URL_VAR: &str = "SHEAF_TEST_CLICKHOUSE_URL";
-/// The shared Postgres with `sslmode=verify-full` against the test CA.
-pub const POSTGRES_TLS_URL_VAR: &str = "SHEAF_TEST_POSTGRES_TLS_URL";
-/// A Postgres with TLS off (plain URL), for the tests that require TLS and must be refused.
-pub const POSTGRES_NOTLS_URL_VAR: &str = "SHEAF_TEST_POSTGRES_NOTLS_URL";
-/// The HTTPS URL of the shared ClickHouse (the same server as the HTTP one).
-pub const CLICKHOUSE_HTTPS_URL_VAR: &str = "SHEAF_TEST_CLICKHOUSE_HTTPS_URL";
-/// The test CA, an unrelated CA, and the server certificate and key the CA signed (PEM files).
-pub const TLS_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_CA_FILE";
-pub const TLS_OTHER_CA_FILE_VAR: &str = "SHEAF_TEST_TLS_OTHER_CA_FILE";
-pub const TLS_CERT_FILE_VAR: &str = "SHEAF_TEST_TLS_CERT_FILE";
-pub const TLS_KEY_FILE_VAR: &str = "SHEAF_TEST_TLS_KEY_FILE";
-/// xtask's RabbitMQ node: `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost `/`).
-pub const RABBITMQ_URL_VAR: &str = "SHEAF_TEST_RABBITMQ_URL";
-/// xtask's NATS server with JetStream: `nats://127.0.0.1:PORT`.
-pub const NATS_URL_VAR: &str = "SHEAF_TEST_NATS_URL";
+/// The variables the test suites read: named once, in `sheaf-testenv`, which reads them.
+use sheaf_testenv::{
+    CLICKHOUSE_HTTPS_URL_VAR, CLICKHOUSE_URL_VAR, NATS_URL_VAR, POSTGRES_NOTLS_URL_VAR,
+    POSTGRES_TLS_URL_VAR, POSTGRES_URL_VAR, RABBITMQ_URL_VAR, TLS_CA_FILE_VAR, TLS_CERT_FILE_VAR,
+    TLS_KEY_FILE_VAR, TLS_OTHER_CA_FILE_VAR,
+};
 
 /// What `up` found or started.
 #[derive(Debug)]

@@ -6,19 +6,13 @@
 //! PID like ClickHouse. Readiness is the `INFO` line the server sends to every new client,
 //! which says whether JetStream is on.
 
-use crate::process::{free_port, on_path, read_number, recorded_pid, state_dir, stop_pid};
+use crate::process::{free_port, read_number, recorded_pid, state_dir, stop_pid};
 use anyhow::{Context, bail};
-use std::io::{BufRead as _, BufReader};
-use std::net::{SocketAddr, TcpStream};
+use sheaf_testenv::brokers::launch::{
+    NATS_PACKAGE as PACKAGE, jetstream_answers, nats_command, nats_server_binary,
+};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The Debian package with the server.
-pub const PACKAGE: &str = "nats-server";
-
-/// Where Debian puts the binary; `/usr/sbin` is not on every user's `PATH`.
-const DEBIAN_BINARY: &str = "/usr/sbin/nats-server";
 
 /// The client port tried first, so a developer's URL stays the same between runs: below
 /// Linux's ephemeral range like the other services' ports, and clear of NATS's 4222.
@@ -53,39 +47,13 @@ pub fn url(port: u16) -> String {
     format!("nats://127.0.0.1:{port}")
 }
 
-fn binary() -> Option<PathBuf> {
-    if on_path("nats-server") {
-        Some(PathBuf::from("nats-server"))
-    } else {
-        let debian = PathBuf::from(DEBIAN_BINARY);
-        debian.is_file().then_some(debian)
-    }
-}
-
 /// The package to install, if the server is missing.
 pub fn missing_package() -> Option<&'static str> {
-    binary().is_none().then_some(PACKAGE)
+    nats_server_binary().is_err().then_some(PACKAGE)
 }
 
 fn running_pid() -> Option<u32> {
     recorded_pid(&pid_file(), &store_dir())
-}
-
-/// The `INFO` line a server on `port` greets a client with, within 2 s.
-pub fn info_line(port: u16) -> Option<String> {
-    let timeout = Duration::from_secs(2);
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).ok()?;
-    line.starts_with("INFO ")
-        .then(|| line.trim_end().to_owned())
-}
-
-/// Whether the server on `port` answers with JetStream on.
-pub fn jetstream_answers(port: u16) -> bool {
-    info_line(port).is_some_and(|info| info.contains(r#""jetstream":true"#))
 }
 
 /// Starts the server unless it runs already (idempotent).
@@ -101,9 +69,7 @@ pub fn up() -> anyhow::Result<Up> {
             "nats-server (pid {pid}) is running but does not answer with JetStream on port {port}; run `cargo xtask services down` and try again"
         );
     }
-    let Some(binary) = binary() else {
-        bail!("nats-server is missing: install the Debian package {PACKAGE}");
-    };
+    let binary = nats_server_binary()?;
     std::fs::create_dir_all(store_dir())?;
     let wanted = read_number(&port_file()).unwrap_or(PREFERRED_PORT);
     let port = free_port(wanted)?;
@@ -115,12 +81,8 @@ pub fn up() -> anyhow::Result<Up> {
     let started_at = Instant::now();
     let mut child = {
         use std::os::unix::process::CommandExt;
-        Command::new(&binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
-            .arg("-sd")
-            .arg(store_dir())
+        nats_command(&binary, port, &store_dir())
             .args(["-n", SERVER_NAME])
-            .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             // Its own process group: ctrl-c in the terminal that ran `up` must not stop it.

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sheaf_store::Timestamp;
 use sheaf_testenv::receiver::Receiver;
 
-use crate::api::{Api, event_data};
+use crate::api::{Api, TOPIC, event_data};
 use crate::env::Ctx;
 use crate::report::{Report, secs};
 use crate::sheaf;
@@ -89,7 +89,7 @@ async fn disabled_on(
     loop {
         let id = format!("{prefix}-before-{n:04}");
         let (status, _) = api
-            .publish(&base, TENANT, &id, &event_data(prefix, n))
+            .publish(&base, TENANT, TOPIC, &id, &event_data(prefix, n))
             .await?;
         anyhow::ensure!(status == 202, "{label}: publish {id} answered {status}");
         accepted.insert(id, Instant::now());
@@ -117,7 +117,9 @@ async fn disabled_on(
             let api = api.clone();
             let base = base.clone();
             async move {
-                let answer = api.publish(&base, TENANT, id, &event_data(prefix, i)).await;
+                let answer = api
+                    .publish(&base, TENANT, TOPIC, id, &event_data(prefix, i))
+                    .await;
                 (id.clone(), answer)
             }
         })

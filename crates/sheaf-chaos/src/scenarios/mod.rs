@@ -2,7 +2,6 @@
 //! receiver, and the checks every scenario ends with.
 
 mod broker;
-mod broker_clients;
 mod cdc;
 mod clickhouse;
 mod disabled;
@@ -23,19 +22,8 @@ use crate::api::{Api, Published, metric};
 use crate::env::Ctx;
 use crate::report::{Report, secs};
 
-/// Every scenario, in the order `all` runs them (the same list as xtask's).
-pub const NAMES: &[&str] = &[
-    "kill",
-    "postgres",
-    "clickhouse",
-    "shutdown",
-    "cdc",
-    "broker",
-    "outage",
-    "disabled",
-    "overload",
-    "secrets",
-];
+/// Every scenario, in the order `all` runs them (the list xtask checks names against).
+pub use sheaf_testenv::scenarios::CHAOS as NAMES;
 
 /// The `'static` spelling of a scenario name.
 pub fn static_name(name: &str) -> &'static str {

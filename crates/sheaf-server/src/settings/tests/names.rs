@@ -285,7 +285,10 @@ fn wait_settings_take_units() {
     assert_eq!(config.engine.retry_lookup.max_wait, Duration::from_secs(2));
     assert_eq!(config.engine.log_write.max_wait, Duration::from_millis(250));
     let defaults = Config::load(HashMap::new()).unwrap();
-    assert_eq!(defaults.engine.retry_lookup.max_wait, Duration::from_millis(50));
+    assert_eq!(
+        defaults.engine.retry_lookup.max_wait,
+        Duration::from_millis(50)
+    );
     assert_eq!(defaults.engine.log_write.max_wait, Duration::ZERO);
     // A plain integer is refused under the new names, as by every other duration.
     let err = Config::load(env(&[("SHEAF_LOG_WRITE_MAX_WAIT", "250")])).unwrap_err();
@@ -303,8 +306,14 @@ fn former_ms_names_still_work_and_warn() {
         ("SHEAF_LOG_WRITE_MAX_WAIT_MS", "1500"),
     ]);
     let config = Config::load(old.clone()).unwrap();
-    assert_eq!(config.engine.retry_lookup.max_wait, Duration::from_millis(20));
-    assert_eq!(config.engine.log_write.max_wait, Duration::from_millis(1500));
+    assert_eq!(
+        config.engine.retry_lookup.max_wait,
+        Duration::from_millis(20)
+    );
+    assert_eq!(
+        config.engine.log_write.max_wait,
+        Duration::from_millis(1500)
+    );
     let mut warnings = deprecation_warnings(old);
     warnings.sort();
     assert_eq!(

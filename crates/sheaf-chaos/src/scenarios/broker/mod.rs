@@ -9,8 +9,8 @@
 //! queue (persistent messages, publisher confirms) and into the JetStream stream (file
 //! storage, deduplicated by `Nats-Msg-Id`). Duplicates are allowed (at least once) and counted.
 //!
-//! What arrived is read at the brokers themselves (`broker_clients`): the queue is consumed
-//! for the whole run, so each event's arrival is timed; the stream is read at the end, every
+//! What arrived is read at the brokers themselves (`clients.rs`): the queue is consumed for the
+//! whole run, so each event's arrival is timed; the stream is read at the end, every
 //! stored message by sequence with the time the server stored it.
 
 use std::time::{Duration, Instant, SystemTime};
@@ -26,12 +26,14 @@ use crate::env::Ctx;
 use crate::report::{Report, at, recovery_after, secs};
 use crate::sheaf;
 
-use super::broker_clients::{
-    EXCHANGE, QUEUE, QueueTap, ROUTING_KEY, SUBJECT, create_stream, declare_queue, read_stream,
-};
+mod clients;
+
 use super::{
     SETTLE, TENANT, check_events_logged, cleanup, counters, drained, event_ids, jobs_left,
     stop_clean,
+};
+use clients::{
+    EXCHANGE, QUEUE, QueueTap, ROUTING_KEY, SUBJECT, create_stream, declare_queue, read_stream,
 };
 
 /// How long the brokers stay down between the stop and the start.

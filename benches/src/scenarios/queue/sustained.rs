@@ -17,9 +17,7 @@
 //! filtered by the run's schema), so the report shows how the claim's cost follows the dead
 //! tuples between autovacuum runs.
 //!
-//! Longer than 600 lines because the run, its sampling and the two tables it reports read best
-//! in one place, each depending on the others' fields, and the three claims it compares are
-//! written out in full, two of them word for word as Sheaf shipped them.
+//! The tables it reports are built in `report.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,19 +29,18 @@ use sheaf_store::{DestinationId, EventId, Job, JobId, JobQueue, Lease, TenantId,
 use sqlx::{Connection as _, Row as _};
 use tokio::sync::{Mutex, Notify, mpsc};
 
-use super::queue::COMPLETER_MAX;
+use super::COMPLETER_MAX;
 use crate::context::Ctx;
 use crate::pg::{self, PgSchema, StatementTotals};
 use crate::progress::Progress;
-use crate::report::{self, Table};
 
 /// A `timestamptz` as sqlx reads it.
 type UtcTime = sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>;
 
 /// Claimers ("processes"), each with its own dispatcher, workers and completer.
-const PROCESSES: usize = 2;
+pub(super) const PROCESSES: usize = 2;
 /// Workers per process, which is also the capacity of the channel the dispatcher fills.
-const WORKERS: usize = 16;
+pub(super) const WORKERS: usize = 16;
 /// The service's default `SHEAF_QUEUE_POLL_INTERVAL`; the completer's bounds are `queue`'s.
 const POLL: Duration = Duration::from_millis(100);
 const LEASE: Duration = Duration::from_secs(60);
@@ -56,7 +53,7 @@ pub(super) enum Claim {
     /// The earlier `PostgresJobQueue::claim`: [`joined_claim_sql`], one plain statement joined
     /// to its subquery, planned by Postgres from whatever its statistics say.
     Joined,
-    /// `PostgresJobQueue::claim` as shipped: [`shipped_claim_sql`], the ids picked in an init
+    /// `PostgresJobQueue::claim` as shipped: [`sheaf_postgres::claim_sql`], the ids picked in an init
     /// plan.
     Shipped,
     /// The candidate: [`candidate_function`], pinned to `jobs_due`.
@@ -65,7 +62,7 @@ pub(super) enum Claim {
 
 impl Claim {
     /// Every claim, in the order the runs and the report's columns take them.
-    const ALL: [Claim; 3] = [Claim::Joined, Claim::Shipped, Claim::Function];
+    pub(super) const ALL: [Claim; 3] = [Claim::Joined, Claim::Shipped, Claim::Function];
 
     pub(super) fn label(self) -> &'static str {
         match self {
@@ -76,7 +73,7 @@ impl Claim {
     }
 
     /// The name in the schema's prefix and in the per-window table's columns.
-    fn short(self) -> &'static str {
+    pub(super) fn short(self) -> &'static str {
         match self {
             Claim::Joined => "joined",
             Claim::Shipped => "shipped",
@@ -224,23 +221,6 @@ fn joined_claim_sql(s: &str) -> String {
     )
 }
 
-/// The claim `PostgresJobQueue` ships now, word for word: the ids picked in `ARRAY(…)`.
-fn shipped_claim_sql(s: &str) -> String {
-    format!(
-        "UPDATE {s}.jobs AS j SET claimed_until = GREATEST(now() + $2::bigint * interval '1 microsecond', \
-                          j.claimed_until + interval '1 microsecond')
-         WHERE j.id = ANY (ARRAY(
-               SELECT id FROM {s}.jobs
-               WHERE next_due_at <= now()
-                 AND (claimed_until IS NULL OR claimed_until < now())
-               ORDER BY next_due_at, id
-               LIMIT $1
-               FOR UPDATE SKIP LOCKED))
-         RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
-                   j.last_attempt_time, j.next_due_at, j.claimed_until"
-    )
-}
-
 /// Claims with `claim`'s statement.
 #[derive(Clone)]
 struct Claimer {
@@ -287,7 +267,7 @@ async fn run_one(
         pool: pool.clone(),
         sql: Arc::new(match claim {
             Claim::Joined => joined_claim_sql(&schema.schema),
-            Claim::Shipped => shipped_claim_sql(&schema.schema),
+            Claim::Shipped => sheaf_postgres::claim_sql(&schema.schema),
             Claim::Function => candidate_claim_sql(&schema.schema),
         }),
     };
@@ -405,7 +385,7 @@ async fn process_loop(
     let (done_tx, mut done_rx) = mpsc::channel::<Lease>(COMPLETER_MAX * 4);
     let completer = tokio::spawn(async move {
         let mut batch = Vec::with_capacity(COMPLETER_MAX);
-        while super::queue::gather_outcomes(&mut done_rx, &mut batch).await {
+        while super::measure::gather_outcomes(&mut done_rx, &mut batch).await {
             let lost = queue.complete(&batch).await?;
             anyhow::ensure!(lost.is_empty(), "{} leases lost", lost.len());
             completed.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -413,7 +393,7 @@ async fn process_loop(
         }
         anyhow::Ok(())
     });
-    let workers = super::queue::noop_workers(WORKERS, &jobs_rx, done_tx);
+    let workers = super::measure::noop_workers(WORKERS, &jobs_rx, done_tx);
     while !stop.load(Ordering::Relaxed) {
         let room = jobs_tx.capacity();
         if room == 0 {
@@ -472,167 +452,4 @@ async fn sample(
         claim: claim_totals,
         complete: complete_totals,
     })
-}
-
-/// What one window of samples shows.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(super) struct Window {
-    pub until_s: f64,
-    pub claim_mean_ms: f64,
-    pub claim_blocks: f64,
-    pub complete_mean_ms: f64,
-    pub completed_per_s: f64,
-    pub peak_dead_tuples: i64,
-    pub live_tuples: i64,
-    pub jobs_due_bytes: i64,
-    pub autovacuums: i64,
-}
-
-/// The samples of `run` cut into windows of `window_s` seconds.
-pub(super) fn windows(run: &Sustained, window_s: u64) -> Vec<Window> {
-    let mut out = Vec::new();
-    let Some(first) = run.samples.first() else {
-        return out;
-    };
-    let mut start = *first;
-    let mut peak_dead = first.dead_tuples;
-    for s in &run.samples[1..] {
-        peak_dead = peak_dead.max(s.dead_tuples);
-        let last = std::ptr::eq(s, run.samples.last().unwrap_or(s));
-        if s.seconds - start.seconds + 0.5 < window_s as f64 && !last {
-            continue;
-        }
-        let claim = s.claim.since(start.claim);
-        let complete = s.complete.since(start.complete);
-        let per = |t: StatementTotals, v: f64| if t.calls > 0 { v / t.calls as f64 } else { 0.0 };
-        out.push(Window {
-            until_s: s.seconds,
-            claim_mean_ms: per(claim, claim.exec_ms),
-            claim_blocks: per(claim, claim.blocks as f64),
-            complete_mean_ms: per(complete, complete.exec_ms),
-            completed_per_s: (s.completed - start.completed) as f64
-                / (s.seconds - start.seconds).max(0.001),
-            peak_dead_tuples: peak_dead,
-            live_tuples: s.live_tuples,
-            jobs_due_bytes: s.jobs_due_bytes,
-            autovacuums: s.autovacuums - first.autovacuums,
-        });
-        start = *s;
-        peak_dead = s.dead_tuples;
-    }
-    out
-}
-
-/// The per-window table's columns after "until", each showing every run's value.
-const COLUMNS: [&str; 7] = [
-    "claim mean",
-    "blocks per claim",
-    "completion mean",
-    "jobs/s done",
-    "peak dead tuples",
-    "live rows at end",
-    "jobs_due at end",
-];
-
-/// One run's cells of one window, in [`COLUMNS`]' order.
-fn cells(w: &Window) -> [String; 7] {
-    [
-        report::millis(w.claim_mean_ms),
-        format!("{:.0}", w.claim_blocks),
-        report::millis(w.complete_mean_ms),
-        report::count(w.completed_per_s),
-        report::count(w.peak_dead_tuples as f64),
-        report::count(w.live_tuples as f64),
-        report::bytes(w.jobs_due_bytes as f64),
-    ]
-}
-
-/// The side-by-side tables: per window, then a summary per configuration, in [`Claim::ALL`]'s
-/// order.
-pub(super) fn tables(runs: &[Sustained], plan: Plan) -> Vec<Table> {
-    let runs: Vec<&Sustained> = Claim::ALL
-        .iter()
-        .filter_map(|c| runs.iter().find(|r| r.claim == *c))
-        .collect();
-    if runs.is_empty() {
-        return Vec::new();
-    }
-    let all: Vec<Vec<Window>> = runs.iter().map(|r| windows(r, plan.window_s)).collect();
-    let names: Vec<&str> = runs.iter().map(|r| r.claim.short()).collect();
-    let what = |c: Claim| c.label().split_once(": ").map_or("", |(_, what)| what);
-    let legend: Vec<String> = runs
-        .iter()
-        .map(|r| format!("{} = {}", r.claim.short(), what(r.claim)))
-        .collect();
-    let headers: Vec<String> = std::iter::once("until".to_owned())
-        .chain(COLUMNS.map(|c| format!("{c}, {}", names.join(" / "))))
-        .collect();
-    let mut per_window = Table::new(
-        format!(
-            "Sustained: {} jobs/s offered for {} s per configuration by {PROCESSES} processes \
-             (one claimer, {WORKERS} no-op workers, one completer each), sampled every {} s; \
-             per {} s window ({})",
-            report::count(plan.rate),
-            plan.seconds,
-            plan.sample_s,
-            plan.window_s,
-            legend.join("; ")
-        ),
-        &headers.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    for i in 0..all.iter().map(Vec::len).min().unwrap_or(0) {
-        let each: Vec<[String; 7]> = all.iter().map(|ws| cells(&ws[i])).collect();
-        let mut row = vec![format!("{:.0} s", all[0][i].until_s)];
-        row.extend((0..COLUMNS.len()).map(|k| {
-            let values: Vec<&str> = each.iter().map(|c| c[k].as_str()).collect();
-            values.join(" / ")
-        }));
-        per_window.row(row);
-    }
-    let mut summary = Table::new(
-        "Sustained, whole run per configuration (claim means from pg_stat_statements deltas)",
-        &[
-            "claim",
-            "jobs/s done (offered)",
-            "left in the queue",
-            "claim mean, first window",
-            "claim mean, last window",
-            "last ÷ first",
-            "worst window",
-            "peak dead tuples",
-            "peak jobs_due",
-            "autovacuum runs",
-        ],
-    );
-    for (run, ws) in runs.iter().zip(&all) {
-        let (Some(first), Some(last), Some(end)) = (ws.first(), ws.last(), run.samples.last())
-        else {
-            continue;
-        };
-        let worst = ws.iter().map(|w| w.claim_mean_ms).fold(0.0, f64::max);
-        let peak_dead = run.samples.iter().map(|s| s.dead_tuples).max().unwrap_or(0);
-        let peak_index = run
-            .samples
-            .iter()
-            .map(|s| s.jobs_due_bytes)
-            .max()
-            .unwrap_or(0);
-        summary.row(vec![
-            run.claim.label().to_owned(),
-            format!(
-                "{} ({})",
-                report::count(end.completed as f64 / end.seconds.max(0.001)),
-                report::count(run.offered_per_s)
-            ),
-            report::count(end.enqueued.saturating_sub(end.completed) as f64),
-            report::millis(first.claim_mean_ms),
-            report::millis(last.claim_mean_ms),
-            report::ratio(last.claim_mean_ms / first.claim_mean_ms),
-            report::millis(worst),
-            report::count(peak_dead as f64),
-            report::bytes(peak_index as f64),
-            (end.autovacuums - run.samples[0].autovacuums).to_string(),
-        ]);
-    }
-    vec![per_window, summary]
 }

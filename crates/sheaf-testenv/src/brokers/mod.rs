@@ -12,21 +12,26 @@
 //! value kills the broker and removes its directory. Everything here is std and synchronous:
 //! starting a broker is a matter of seconds, not something to overlap with other work.
 //!
-//! The binaries come from Debian's packages, which `cargo xtask services up` installs:
-//! `nats-server` (on `PATH`, or `/usr/sbin/nats-server`) and `rabbitmq-server`, whose node is
-//! started the way xtask starts its own (its `services/rabbitmq.rs` says why each setting is
-//! there): the server script in `/usr/lib/rabbitmq/bin/`, not Debian's `/usr/sbin` wrapper
-//! (which switches to the `rabbitmq` user and `/var/lib/rabbitmq`), with its config, plugins
-//! file, mnesia, logs and `HOME` (the Erlang cookie) in the scratch directory, and an `epmd` of
-//! its own on a loopback port, which stays up across the node's restarts.
+//! The binaries come from Debian's packages, which `cargo xtask services up` installs, and are
+//! launched the way xtask launches its own brokers, by the same code ([`launch`], which says
+//! why each setting is there): a node's config, plugins file, mnesia, logs and `HOME` (the
+//! Erlang cookie) are in the scratch directory, and its `epmd` on a loopback port of its own
+//! stays up across the node's restarts.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+pub mod launch;
+
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+
+use launch::{RabbitPorts, epmd_command, nats_command, rabbitmq_command, write_rabbitmq_files};
+pub use launch::{
+    accepts, amqp_answers, epmd_binary, jetstream_answers, nats_info, nats_server_binary,
+    rabbitmq_server_binary,
+};
 
 /// How long a NATS server may take to answer (it answers within a fraction of a second).
 const NATS_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -36,48 +41,6 @@ const RABBIT_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a graceful stop may take before SIGKILL: NATS exits at once, RabbitMQ in seconds.
 const NATS_STOP_GRACE: Duration = Duration::from_secs(10);
 const RABBIT_STOP_GRACE: Duration = Duration::from_secs(30);
-
-/// The server script of Debian's `rabbitmq-server`.
-const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
-
-/// The `nats-server` binary: on `PATH`, else where Debian installs it (`/usr/sbin` is not on
-/// every user's `PATH`); an error naming the package when there is none.
-pub fn nats_server_binary() -> anyhow::Result<PathBuf> {
-    on_path("nats-server")
-        .or_else(|| Some(PathBuf::from("/usr/sbin/nats-server")).filter(|p| p.is_file()))
-        .context(
-            "nats-server is not installed: install the Debian package nats-server (`cargo xtask services up` does)",
-        )
-}
-
-/// The RabbitMQ server script: Debian's in `/usr/lib/rabbitmq/bin/`, else a `rabbitmq-server`
-/// on `PATH` that is not Debian's wrapper; an error naming the package when there is none.
-pub fn rabbitmq_server_binary() -> anyhow::Result<PathBuf> {
-    let debian = PathBuf::from(RABBITMQ_SERVER);
-    if debian.is_file() {
-        return Ok(debian);
-    }
-    let on_path = on_path("rabbitmq-server").filter(|path| {
-        std::fs::canonicalize(path).is_ok_and(|real| !real.ends_with("rabbitmq-script-wrapper"))
-    });
-    on_path.context(
-        "rabbitmq-server is not installed: install the Debian package rabbitmq-server (`cargo xtask services up` does)",
-    )
-}
-
-/// Erlang's port mapper, which `rabbitmq-server` depends on (package `erlang-base`).
-fn epmd_binary() -> anyhow::Result<PathBuf> {
-    on_path("epmd")
-        .or_else(|| Some(PathBuf::from("/usr/lib/erlang/bin/epmd")).filter(|p| p.is_file()))
-        .context("epmd is not installed: install the Debian package erlang-base")
-}
-
-fn on_path(program: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
-}
 
 /// `N` distinct loopback ports that are free right now: all are held until all are
 /// chosen, so the kernel never hands out one twice.
@@ -98,46 +61,6 @@ fn scratch_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(crate::unique_name(prefix));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)
-}
-
-/// Whether something accepts TCP connections on this loopback port, within 1 s.
-pub fn accepts(port: u16) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
-}
-
-/// The `INFO` line a NATS server on `port` greets a client with, within 2 s.
-pub fn nats_info(port: u16) -> std::io::Result<String> {
-    let timeout = Duration::from_secs(2);
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    if !line.starts_with("INFO ") {
-        return Err(std::io::Error::other(format!(
-            "not a NATS greeting: {line:?}"
-        )));
-    }
-    Ok(line.trim_end().to_owned())
-}
-
-/// Whether a broker on `port` answers the AMQP 0-9-1 protocol header with `Connection.Start`
-/// (a method frame on channel 0, class 10, method 10), within 2 s. RabbitMQ opens its listener
-/// last in its boot, so this is its readiness.
-pub fn amqp_answers(port: u16) -> bool {
-    let attempt = || -> std::io::Result<bool> {
-        let timeout = Duration::from_secs(2);
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        stream.write_all(b"AMQP\x00\x00\x09\x01")?;
-        let mut head = [0u8; 11];
-        stream.read_exact(&mut head)?;
-        Ok(head[0] == 1 && head[1..3] == [0, 0] && head[7..11] == [0, 10, 0, 10])
-    };
-    attempt().unwrap_or(false)
 }
 
 /// The last `lines` lines of a log file, for an error message.
@@ -291,16 +214,11 @@ impl NatsServer {
     fn spawn(&mut self) -> anyhow::Result<()> {
         let log_path = self.dir.join("server.log");
         let (stdout, stderr) = append_to(&log_path)?;
-        let mut command = Command::new(&self.binary);
-        command
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .arg("-sd")
-            .arg(self.store_dir());
+        let mut command = nats_command(&self.binary, self.port, &self.store_dir());
         if let Some((user, password)) = &self.login {
             command.args(["--user", user, "--pass", password]);
         }
         let mut child = command
-            .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
@@ -314,7 +232,7 @@ impl NatsServer {
                     tail(&log_path, 20)
                 );
             }
-            if nats_info(self.port).is_ok_and(|info| info.contains(r#""jetstream":true"#)) {
+            if jetstream_answers(self.port) {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -415,7 +333,7 @@ impl RabbitServer {
 
     /// What the node logged, over all its runs (its own log file, then its stdout and stderr).
     pub fn log(&self) -> String {
-        let node_log = self.dir.join("log").join(format!("{}.log", self.node));
+        let node_log = launch::rabbitmq_node_log(&self.dir, &self.node);
         let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
         format!("{}{}", read(&node_log), read(&self.dir.join("server.log")))
     }
@@ -448,53 +366,21 @@ impl RabbitServer {
     }
 
     fn write_config(&self) -> anyhow::Result<()> {
-        let write = |name: &str, text: String| {
-            let path = self.dir.join(name);
-            std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
-        };
-        write(
-            "rabbitmq.conf",
-            format!("listeners.tcp.default = 127.0.0.1:{}\n", self.amqp_port),
-        )?;
-        write("enabled_plugins", "[].\n".to_owned())?;
-        write("rabbitmq-env.conf", String::new())?;
-        std::fs::create_dir_all(self.dir.join("log"))?;
-        Ok(())
+        write_rabbitmq_files(&self.dir, self.amqp_port, "sheaf-testenv's RabbitServer")
+    }
+
+    fn ports(&self) -> RabbitPorts {
+        RabbitPorts {
+            amqp: self.amqp_port,
+            dist: self.dist_port,
+            epmd: self.epmd_port,
+        }
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
         let log_path = self.dir.join("server.log");
         let (stdout, stderr) = append_to(&log_path)?;
-        let mut command = Command::new(&self.server);
-        // The caller's own RABBITMQ_* and ERL_* settings must not change this node.
-        for (name, _) in std::env::vars_os() {
-            let bytes = name.as_encoded_bytes();
-            if bytes.starts_with(b"RABBITMQ_")
-                || bytes.starts_with(b"ERL_")
-                || name == "NOTIFY_SOCKET"
-            {
-                command.env_remove(name);
-            }
-        }
-        let dir = &self.dir;
-        let mut child = command
-            .args(["-kernel", "inet_dist_use_interface", "{127,0,0,1}"])
-            .env("HOME", dir)
-            .env("RABBITMQ_NODENAME", &self.node)
-            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_NODE_PORT", self.amqp_port.to_string())
-            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
-            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
-            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-            .env("RABBITMQ_ADVANCED_CONFIG_FILE", dir.join("advanced.config"))
-            .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
-            // The script `exec`s the VM: the child's PID is the broker's.
-            .env("RUNNING_UNDER_SYSTEMD", "true")
-            .current_dir(dir)
-            .stdin(Stdio::null())
+        let mut child = rabbitmq_command(&self.server, &self.dir, &self.node, self.ports())
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
@@ -539,9 +425,7 @@ impl Drop for RabbitServer {
 fn start_epmd(binary: &Path, dir: &Path, port: u16) -> anyhow::Result<Child> {
     let log_path = dir.join("epmd.log");
     let (stdout, stderr) = append_to(&log_path)?;
-    let mut child = Command::new(binary)
-        .args(["-address", "127.0.0.1", "-port", &port.to_string()])
-        .stdin(Stdio::null())
+    let mut child = epmd_command(binary, port)
         .stdout(stdout)
         .stderr(stderr)
         .spawn()

@@ -1,11 +1,11 @@
 //! The `delivery` scenario's report: its tables, its targets, the note on tracing's cost and
-//! its figure, built from what [`super::delivery`] measured.
+//! its figure, built from what [`super::measure`] measured.
 
 use crate::context::Ctx;
 use crate::plot::{Bar, Figure, Panel};
 use crate::report::{self, PeakRss, Report, Table};
 
-use super::delivery::{Backend, Measured, PAD_BYTES, QUESTION, Sizes};
+use super::{Backend, Measured, PAD_BYTES, QUESTION, Sizes};
 
 /// The Postgres queue and ClickHouse over the steady phases, and the throughput targets.
 fn queue_report(report: &mut Report, sizes: &Sizes, measured: &[Measured]) {

@@ -9,15 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Context as _;
-use async_nats::jetstream;
 use futures::StreamExt as _;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ConnectionProperties};
+use sheaf_testenv::broker_clients;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -33,57 +29,17 @@ pub(super) const SUBJECT: &str = "chaos.broker";
 
 /// The durable exchange, the durable queue and the binding between them.
 pub(super) async fn declare_queue(url: &str) -> anyhow::Result<()> {
-    let connection = Connection::connect(url, ConnectionProperties::default())
-        .await
-        .with_context(|| format!("cannot connect to rabbitmq at {url}"))?;
+    let connection = broker_clients::connect_rabbitmq(url).await?;
     let channel = connection.create_channel().await?;
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..ExchangeDeclareOptions::default()
-    };
-    channel
-        .exchange_declare(
-            EXCHANGE.into(),
-            ExchangeKind::Direct,
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_declare(
-            QUEUE.into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            QUEUE.into(),
-            EXCHANGE.into(),
-            ROUTING_KEY.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    broker_clients::declare_bound_queue(&channel, EXCHANGE, QUEUE, ROUTING_KEY).await?;
     connection.close(200, "declared".into()).await?;
     Ok(())
 }
 
 /// The stream, on file storage so it outlives the restart.
 pub(super) async fn create_stream(url: &str) -> anyhow::Result<()> {
-    let client = async_nats::connect(url)
-        .await
-        .with_context(|| format!("cannot connect to nats at {url}"))?;
-    jetstream::new(client)
-        .create_stream(jetstream::stream::Config {
-            name: STREAM.to_owned(),
-            subjects: vec![SUBJECT.to_owned()],
-            storage: jetstream::stream::StorageType::File,
-            ..jetstream::stream::Config::default()
-        })
-        .await
-        .with_context(|| format!("cannot create stream {STREAM}"))?;
-    Ok(())
+    let jetstream = broker_clients::connect_jetstream(url).await?;
+    broker_clients::create_file_stream(&jetstream, STREAM, SUBJECT).await
 }
 
 /// What the queue's consumer saw.
@@ -227,10 +183,7 @@ pub(super) async fn read_stream(
     t0: Instant,
     t0_wall: SystemTime,
 ) -> anyhow::Result<Stored> {
-    let client = async_nats::connect(url)
-        .await
-        .with_context(|| format!("cannot connect to nats at {url}"))?;
-    let context = jetstream::new(client);
+    let context = broker_clients::connect_jetstream(url).await?;
     let mut stream = context.get_stream(STREAM).await?;
     let state = stream.info().await?.state.clone();
     let mut stored = Stored {
@@ -244,26 +197,11 @@ pub(super) async fn read_stream(
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos() as i128;
-    let stream = &stream;
-    let mut reads = futures::stream::iter(state.first_sequence..=state.last_sequence)
-        .map(|seq| async move {
-            stream
-                .get_raw_message(seq)
-                .await
-                .with_context(|| format!("cannot read message {seq}"))
-        })
-        .buffered(32);
-    let mut messages = Vec::new();
-    while let Some(message) = reads.next().await {
-        messages.push(message?);
-    }
+    let messages =
+        broker_clients::read_stream(&stream, state.first_sequence, state.last_sequence).await?;
     for message in messages {
         stored.messages += 1;
-        let Some(id) = message
-            .headers
-            .get("Nats-Msg-Id")
-            .map(|v| v.as_str().to_owned())
-        else {
+        let Some(id) = broker_clients::message_id(&message) else {
             stored.without_id += 1;
             continue;
         };

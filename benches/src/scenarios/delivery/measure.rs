@@ -1,172 +1,28 @@
-//! `delivery`: events per second from publish to a 2xx at a local receiver, and publish-to-
-//! delivery latency, through a real `sheaf serve` process on the memory backends, on Postgres
-//! alone (queue, tenants and log) and on Postgres (queue, tenants) + ClickHouse (log). Each phase
-//! also reports the publish latency a client sees (request to its 202).
-//!
-//! Per backend, after a warm-up: a **saturation** phase publishes a fixed number of events from
-//! 32 concurrent publishers and measures from the first publish to the last delivery; a **steady**
-//! phase publishes at 2,000 events/s (full size) and measures latency and the process's peak RSS,
-//! the memory target for Postgres + ClickHouse (docs/benchmarks.md, "Targets at a glance"). The
-//! memory backends run twice, the second time with every span exported to an OTLP sink, so
-//! tracing's cost is measured beside the run without it. On the memory backend the growth of
-//! the resident set over the saturation phase, divided by its events (all retained: fewer than
-//! the 25,000-event retention), less the payload, is the overhead per retained event.
+//! What `delivery` measures, per backend: a `sheaf serve` on it, a warm-up, the saturation and
+//! steady phases with their publish and delivery latencies, and, under the steady phase, what the
+//! Postgres queue and ClickHouse do: the jobs table's live and dead tuples and the claim
+//! statement's mean time, sampled every few seconds from `pg_stat_user_tables` and
+//! `pg_stat_statements`, and ClickHouse's new parts per minute from `system.part_log`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
 use sheaf_testenv::receiver::Receiver;
 
-use crate::ch::ChDb;
+use crate::ch::{self, ChDb};
 use crate::context::Ctx;
 use crate::load::{self, Pace};
-use crate::pg::PgSchema;
+use crate::pg::{self, PgSchema};
 use crate::progress::Progress;
-use crate::report::{self, Report};
+use crate::report;
 use crate::sheaf::Sheaf;
 
-use super::delivery_queue::{QueueOverTime, Sampler};
-use super::delivery_report::build_report;
+use super::{Backend, Measured, PAD_BYTES, Phase, Sizes, TRACE_PERCENT_VAR};
 
-pub(super) const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
-    to a 2xx at a local receiver, with what latency and memory, on the memory backends and on \
-    Postgres + ClickHouse?";
-
-/// The bytes of each event's `pad` (the payload is `{"seq": n, "pad": "…"}`).
-pub(super) const PAD_BYTES: usize = 1_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub(super) enum Backend {
-    Memory,
-    /// The memory backends with every span exported to an OTLP/HTTP sink (`SHEAF_OTLP_ENDPOINT`):
-    /// what tracing costs, side by side with the run without it.
-    MemoryTraced,
-    Postgres,
-    PostgresClickHouse,
-}
-
-impl Backend {
-    pub(super) fn label(self) -> &'static str {
-        match self {
-            Backend::Memory => "memory",
-            Backend::MemoryTraced => "memory, traces exported",
-            Backend::Postgres => "Postgres + Postgres",
-            Backend::PostgresClickHouse => "Postgres + ClickHouse",
-        }
-    }
-}
-
-/// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,postgres,clickhouse` and a steady phase length in seconds. The figures in
-/// docs/benchmarks.md always come from a run without them.
-const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
-const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
-/// And the traced run's `SHEAF_OTLP_SAMPLE_PERCENT` (100 by default, as the service's).
-const TRACE_PERCENT_VAR: &str = "SHEAF_BENCH_DELIVERY_TRACE_PERCENT";
-
-fn backends() -> anyhow::Result<Vec<Backend>> {
-    let all = vec![
-        Backend::Memory,
-        Backend::MemoryTraced,
-        Backend::Postgres,
-        Backend::PostgresClickHouse,
-    ];
-    let Ok(list) = std::env::var(BACKENDS_VAR) else {
-        return Ok(all);
-    };
-    list.split(',')
-        .map(|name| match name.trim() {
-            "memory" => Ok(Backend::Memory),
-            "traced" => Ok(Backend::MemoryTraced),
-            "postgres" => Ok(Backend::Postgres),
-            "clickhouse" => Ok(Backend::PostgresClickHouse),
-            other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, postgres or clickhouse"
-            ),
-        })
-        .collect()
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(super) struct Sizes {
-    pub(super) warmup: usize,
-    pub(super) saturation_events: usize,
-    pub(super) publishers: usize,
-    pub(super) steady_rate: f64,
-    pub(super) steady_seconds: f64,
-    /// Postgres + ClickHouse's steady phase: long enough for the queue's dead tuples, vacuum
-    /// and the claim's plan to show what they do over minutes.
-    pub(super) long_steady_seconds: f64,
-    /// How often the queue is sampled during a steady phase.
-    pub(super) sample_every_s: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub(super) struct Phase {
-    pub(super) published: usize,
-    pub(super) refused: u64,
-    pub(super) errors: u64,
-    pub(super) delivered: usize,
-    /// Delivered events ÷ (last delivery − first publish).
-    pub(super) events_per_s: f64,
-    /// Publishes per second the load achieved.
-    pub(super) publish_rate: f64,
-    pub(super) p50_ms: f64,
-    pub(super) p99_ms: f64,
-    pub(super) max_ms: f64,
-    /// Publish latency (request to 202) of the accepted publishes.
-    pub(super) publish_p50_ms: f64,
-    pub(super) publish_p99_ms: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub(super) struct Measured {
-    pub(super) backend: Backend,
-    pub(super) saturation: Phase,
-    pub(super) steady: Phase,
-    pub(super) rss_before_kib: u64,
-    pub(super) rss_after_saturation_kib: u64,
-    /// Memory backend: (RSS growth ÷ events) − payload JSON bytes.
-    pub(super) overhead_per_event_bytes: Option<f64>,
-    pub(super) peak_rss_mib: f64,
-    /// Postgres backends: the queue over the steady phase.
-    pub(super) queue: Option<QueueOverTime>,
-    /// With traces exported: the exports the OTLP sink received.
-    pub(super) trace_exports: Option<usize>,
-}
-
-pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
-    let sizes = Sizes {
-        warmup: ctx.size(500, 50),
-        saturation_events: ctx.size(20_000, 300),
-        publishers: 32,
-        steady_rate: ctx.size(2_000.0, 100.0),
-        steady_seconds: ctx.size(30.0, 2.0),
-        long_steady_seconds: ctx.size(300.0, 3.0),
-        sample_every_s: ctx.size(5.0, 0.5),
-    };
-    let mut sizes = sizes;
-    if let Some(seconds) = std::env::var(STEADY_SECONDS_VAR)
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-    {
-        sizes.steady_seconds = seconds;
-        sizes.long_steady_seconds = seconds;
-    }
-    let bin = ctx.sheaf_bin()?.to_path_buf();
-    let mut measured = Vec::new();
-    for backend in backends()? {
-        let m = run_backend(ctx, &bin, &sizes, backend)
-            .await
-            .with_context(|| backend.label())?;
-        measured.push(m);
-    }
-    Ok(build_report(ctx, &sizes, measured))
-}
-
-async fn run_backend(
+pub(super) async fn run_backend(
     ctx: &Ctx,
     bin: &std::path::Path,
     sizes: &Sizes,
@@ -321,7 +177,7 @@ async fn run_backend(
     })
 }
 
-fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {
+pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {
     let delivered_at = load::delivered_at(receiver, base);
     let (lat, last) = load::latencies(sent, first, &delivered_at);
     let start = sent.started_micros.iter().copied().min().unwrap_or(0);
@@ -350,4 +206,148 @@ fn publish_ms(sent: &load::Sent) -> Vec<f64> {
         .iter()
         .map(|&us| us as f64 / 1000.0)
         .collect()
+}
+
+/// One reading of the jobs table and the claim statement.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QueueSample {
+    /// Seconds since the sampler started.
+    pub at_s: f64,
+    pub live: i64,
+    pub dead: i64,
+    pub autovacuums: i64,
+    /// Claim statements so far, and their total execution time (ms).
+    pub claim_calls: i64,
+    pub claim_ms: f64,
+}
+
+/// The queue over a steady phase.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QueueOverTime {
+    pub samples: Vec<QueueSample>,
+    /// Claim mean (ms) over the phase's first and last minute (or first and last half, if
+    /// shorter).
+    pub claim_first_ms: f64,
+    pub claim_last_ms: f64,
+    pub max_dead: i64,
+    /// ClickHouse parts created per minute over the phase, all of the database's tables.
+    pub parts_per_minute: Option<f64>,
+}
+
+/// Samples until stopped.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<anyhow::Result<Vec<QueueSample>>>,
+    parts_before: Option<u64>,
+    started: Instant,
+}
+
+impl Sampler {
+    pub async fn start(
+        schema: &PgSchema,
+        clickhouse: Option<&ChDb>,
+        every: Duration,
+    ) -> anyhow::Result<Self> {
+        let parts_before = match clickhouse {
+            Some(db) => Some(new_parts(db).await?),
+            None => None,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (url, name) = (schema.url.clone(), schema.schema.clone());
+        let flag = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut conn = pg::connect(&url).await?;
+            let t0 = Instant::now();
+            let mut samples = Vec::new();
+            loop {
+                samples.push(sample(&mut conn, &name, t0).await?);
+                if flag.load(Ordering::Relaxed) {
+                    return Ok(samples);
+                }
+                let deadline = Instant::now() + every;
+                while Instant::now() < deadline && !flag.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        Ok(Self {
+            stop,
+            task,
+            parts_before,
+            started: Instant::now(),
+        })
+    }
+
+    pub async fn finish(self, clickhouse: Option<&ChDb>) -> anyhow::Result<QueueOverTime> {
+        self.stop.store(true, Ordering::Relaxed);
+        let samples = self.task.await??;
+        let minutes = self.started.elapsed().as_secs_f64() / 60.0;
+        let parts_per_minute = match (clickhouse, self.parts_before) {
+            (Some(db), Some(before)) => {
+                Some((new_parts(db).await?.saturating_sub(before)) as f64 / minutes.max(1e-9))
+            }
+            _ => None,
+        };
+        let span = samples.last().map_or(0.0, |s| s.at_s);
+        let window = 60.0_f64.min(span / 2.0);
+        let mean = |from: f64, to: f64| {
+            let at = |t: f64| {
+                samples
+                    .iter()
+                    .min_by(|a, b| (a.at_s - t).abs().total_cmp(&(b.at_s - t).abs()))
+                    .copied()
+            };
+            match (at(from), at(to)) {
+                (Some(a), Some(b)) if b.claim_calls > a.claim_calls => {
+                    (b.claim_ms - a.claim_ms) / (b.claim_calls - a.claim_calls) as f64
+                }
+                _ => f64::NAN,
+            }
+        };
+        Ok(QueueOverTime {
+            claim_first_ms: mean(0.0, window),
+            claim_last_ms: mean(span - window, span),
+            max_dead: samples.iter().map(|s| s.dead).max().unwrap_or(0),
+            samples,
+            parts_per_minute,
+        })
+    }
+}
+
+async fn sample(
+    conn: &mut sqlx::PgConnection,
+    schema: &str,
+    t0: Instant,
+) -> anyhow::Result<QueueSample> {
+    let (live, dead, autovacuums): (i64, i64, i64) = sqlx::query_as(
+        "SELECT n_live_tup, n_dead_tup, autovacuum_count FROM pg_stat_user_tables \
+         WHERE schemaname = $1 AND relname = 'jobs'",
+    )
+    .bind(schema)
+    .fetch_one(&mut *conn)
+    .await
+    .context("read pg_stat_user_tables")?;
+    // The claim is the statement that sets `claimed_until` and skips locked rows (the outbox's
+    // shipment skips locked rows too, but sets nothing).
+    let claim =
+        pg::statement_totals_all(&mut *conn, &[schema, "SET claimed_until", "SKIP LOCKED"]).await?;
+    Ok(QueueSample {
+        at_s: t0.elapsed().as_secs_f64(),
+        live,
+        dead,
+        autovacuums,
+        claim_calls: claim.calls,
+        claim_ms: claim.exec_ms,
+    })
+}
+
+async fn new_parts(db: &ChDb) -> anyhow::Result<u64> {
+    let client = db.client();
+    ch::flush_logs(&client).await?;
+    client
+        .query("SELECT count() FROM system.part_log WHERE database = ? AND event_type = 'NewPart'")
+        .bind(db.database.as_str())
+        .fetch_one::<u64>()
+        .await
+        .context("read system.part_log")
 }

@@ -22,21 +22,28 @@
 //! stalls: the WAL bytes of the rows the reader has handed over unacknowledged
 //! (`CdcStream::wal_bytes_in_flight`) are what it buffers, against `StreamOptions::buffer_bound`
 //! in the same unit: (channel depth + 1) × (byte cap + one row) with `batch_transactions`.
+//!
+//! `measure.rs` runs the readers and the service and measures them; `report.rs` builds the
+//! tables and the figure from what they measured.
 
-use std::time::{Duration, Instant};
+mod measure;
+mod report;
 
-use anyhow::{Context as _, ensure};
+use measure::{Run, read_all, stalled, through_sheaf};
+use report::build_report;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
 use serde::Serialize;
-use sheaf_cdc::{CdcConfig, CdcSource, ConnectionConfig, StreamOptions};
+use sheaf_cdc::{CdcConfig, ConnectionConfig, StreamOptions};
 use sheaf_testenv::postgres::drop_replication_slot;
 
-use super::cdc_service::{Run, Service, through_sheaf};
 use crate::ch::ChDb;
 use crate::context::Ctx;
 use crate::pg::{self, PgSchema};
-use crate::plot::{Bar, Figure, Panel};
 use crate::progress::Progress;
-use crate::report::{self, PeakRss, Report, Table};
+use crate::report::Report;
 
 const QUESTION: &str = "How many rows and megabytes per second go from Postgres inserts to events \
     ready to publish through Sheaf's CDC reader, one row per message against whole transactions \
@@ -320,279 +327,4 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     Ok(build_report(
         ctx, &sizes, throughput, service, buffering, peak,
     ))
-}
-
-/// Reads `rows` rows from the slot, turning each into an event's topic, id and JSON, and
-/// acknowledging each message after.
-async fn read_all(config: CdcConfig, shape: &'static str, rows: u64) -> anyhow::Result<Throughput> {
-    let progress = Progress::new(format!("cdc: {shape}"), rows);
-    let mut stream = CdcSource::start(config).await?;
-    let (mut got, mut messages, mut wal, mut json) = (0u64, 0u64, 0u64, 0u64);
-    let started = Instant::now();
-    // Bounded: every message carries at least one row, and at most 10 minutes.
-    while got < rows && started.elapsed() < Duration::from_secs(600) {
-        let Some(message) = tokio::time::timeout(Duration::from_secs(60), stream.recv())
-            .await
-            .context("no message for 60 s")??
-        else {
-            break;
-        };
-        let (changes, ack) = message.into_parts();
-        for change in &changes {
-            let topic = change.topic();
-            let id = change.id().to_string();
-            let body = serde_json::to_vec(&change.to_json()?)?;
-            json += (topic.len() + id.len() + body.len()) as u64;
-            wal += change.wal_bytes as u64;
-        }
-        got += changes.len() as u64;
-        messages += 1;
-        ack.ack();
-        progress.inc(changes.len() as u64);
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    progress.finish();
-    stream.shutdown().await?;
-    ensure!(got == rows, "{got} of {rows} rows read");
-    Ok(Throughput {
-        shape,
-        rows: got,
-        messages,
-        seconds,
-        rows_per_s: got as f64 / seconds,
-        wal_mb_per_s: wal as f64 / seconds / 1e6,
-        json_mb_per_s: json as f64 / seconds / 1e6,
-    })
-}
-
-/// Takes one message, acknowledges it, stalls while sampling what the reader holds, then drains.
-async fn stalled(config: CdcConfig, sizes: &Sizes) -> anyhow::Result<Buffering> {
-    let bound = config.stream.buffer_bound();
-    let rss_before = crate::proc::rss_kib(None).unwrap_or(0);
-    let mut stream = CdcSource::start(config).await?;
-    let first = tokio::time::timeout(Duration::from_secs(60), stream.recv())
-        .await
-        .context("no first message for 60 s")??
-        .context("the stream ended before its first message")?;
-    let mut rows = first.changes().len() as u64;
-    let mut wal: u64 = first.changes().iter().map(|c| c.wal_bytes as u64).sum();
-    let mut largest = first
-        .changes()
-        .iter()
-        .map(|c| c.wal_bytes)
-        .max()
-        .unwrap_or(0);
-    first.ack();
-    let (mut peak_rows, mut peak_bytes, mut peak_rss) = (0usize, 0usize, rss_before);
-    let until = Instant::now() + sizes.stall;
-    while Instant::now() < until {
-        peak_rows = peak_rows.max(stream.rows_in_flight());
-        peak_bytes = peak_bytes.max(stream.wal_bytes_in_flight());
-        peak_rss = peak_rss.max(crate::proc::rss_kib(None).unwrap_or(0));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let started = Instant::now();
-    while rows < sizes.big_rows as u64 && started.elapsed() < Duration::from_secs(300) {
-        let Some(message) = tokio::time::timeout(Duration::from_secs(60), stream.recv())
-            .await
-            .context("no message for 60 s")??
-        else {
-            break;
-        };
-        rows += message.changes().len() as u64;
-        for change in message.changes() {
-            wal += change.wal_bytes as u64;
-            largest = largest.max(change.wal_bytes);
-        }
-        message.ack();
-    }
-    stream.shutdown().await?;
-    ensure!(
-        rows == sizes.big_rows as u64,
-        "{rows} of {} large rows read",
-        sizes.big_rows
-    );
-    Ok(Buffering {
-        peak_rows_unacked: peak_rows,
-        bound_rows: bound.rows,
-        bound_batches: bound.batches,
-        wal_bytes_per_row: wal as f64 / rows.max(1) as f64,
-        largest_row_wal_bytes: largest,
-        peak_buffered_bytes: peak_bytes as f64,
-        // The reader's own bound for these options, in WAL bytes for the largest row read.
-        bound_bytes: bound.wal_bytes(largest) as f64,
-        rss_growth_mib: peak_rss.saturating_sub(rss_before) as f64 / 1024.0,
-    })
-}
-
-fn build_report(
-    ctx: &Ctx,
-    sizes: &Sizes,
-    throughput: Vec<Throughput>,
-    service: Vec<Service>,
-    buffering: Buffering,
-    peak_kib: Option<u64>,
-) -> Report {
-    let mut report = Report::new("cdc", QUESTION, ctx);
-    let base = throughput.first().map_or(1.0, |t| t.rows_per_s);
-    let mut table = Table::new(
-        format!(
-            "{} rows of ~{} B in transactions of {}, read from a replication slot by CdcSource; \
-             each change turned into topic, event id and JSON, then acknowledged",
-            report::count(sizes.rows as f64),
-            sizes.row_bytes,
-            sizes.rows_per_txn
-        ),
-        &[
-            "output",
-            "messages",
-            "rows/s",
-            "WAL MB/s",
-            "event JSON MB/s",
-            "vs one row per message",
-        ],
-    );
-    for t in &throughput {
-        table.row(vec![
-            t.shape.to_owned(),
-            report::count(t.messages as f64),
-            report::count(t.rows_per_s),
-            format!("{:.1}", t.wal_mb_per_s),
-            format!("{:.1}", t.json_mb_per_s),
-            report::ratio(t.rows_per_s / base),
-        ]);
-    }
-    report.tables.push(table);
-    let service_base = service.first().map_or(1.0, |t| t.rows_per_s);
-    let mut through = Table::new(
-        format!(
-            "The same {} rows through `sheaf serve`'s CDC source, on the memory backends and on \
-             Postgres (queue, outbox) + ClickHouse (log): each change published as an event and \
-             acknowledged once durable",
-            report::count(sizes.rows as f64)
-        ),
-        &[
-            "backend",
-            "SHEAF_CDC_BATCH_TRANSACTIONS",
-            "events/s (10–90 %)",
-            "all published after",
-            "acknowledgements",
-            "vs one row per message",
-            "peak RSS (sheaf)",
-        ],
-    );
-    for t in &service {
-        through.row(vec![
-            t.backend.to_owned(),
-            t.shape.to_owned(),
-            report::count(t.rows_per_s),
-            format!("{:.1} s", t.seconds_to_all),
-            report::count(t.acks),
-            report::ratio(t.rows_per_s / service_base),
-            format!("{:.1} MiB", t.peak_rss_mib),
-        ]);
-        report.memory.push(PeakRss::new(
-            format!("sheaf serve with CDC ({}, {})", t.backend, t.shape),
-            Some((t.peak_rss_mib * 1024.0) as u64),
-        ));
-    }
-    report.tables.push(through);
-    let best = service
-        .iter()
-        .filter(|t| t.backend != "memory")
-        .map(|t| t.rows_per_s)
-        .fold(0.0_f64, f64::max);
-    report.target(
-        "CDC catch-up through `sheaf serve` on Postgres + ClickHouse",
-        "≥ 5,000 changes/s",
-        format!(
-            "{} changes/s (the faster output shape)",
-            report::count(best)
-        ),
-        best >= 5_000.0,
-    );
-    let mut buffer = Table::new(
-        format!(
-            "Consumer stalled for {:.1} s after its first message; {} rows of ~{} B",
-            sizes.stall.as_secs_f64(),
-            report::count(sizes.big_rows as f64),
-            sizes.big_row_bytes
-        ),
-        &[
-            "rows handed over, unacknowledged (peak)",
-            "bound: rows",
-            "WAL bytes per row (mean, largest)",
-            "buffered WAL (peak)",
-            "bound: (depth + 1) × (byte cap + one row)",
-            "process RSS growth",
-        ],
-    );
-    buffer.row(vec![
-        report::count(buffering.peak_rows_unacked as f64),
-        report::count(buffering.bound_rows as f64),
-        format!(
-            "{}, {}",
-            report::count(buffering.wal_bytes_per_row),
-            report::count(buffering.largest_row_wal_bytes as f64)
-        ),
-        report::bytes(buffering.peak_buffered_bytes),
-        report::bytes(buffering.bound_bytes),
-        format!("{:.1} MiB", buffering.rss_growth_mib),
-    ]);
-    report.tables.push(buffer);
-    report.target(
-        "CDC reader's buffered data with a stalled consumer",
-        &format!(
-            "never above (channel depth + 1) × (byte cap + one row) of WAL: {} × ({} MiB + {} B)",
-            buffering.bound_batches,
-            sheaf_cdc::reader::MAX_BATCH_WAL_BYTES / (1024 * 1024),
-            report::count(buffering.largest_row_wal_bytes as f64)
-        ),
-        format!(
-            "{} of WAL buffered at peak against {}",
-            report::bytes(buffering.peak_buffered_bytes),
-            report::bytes(buffering.bound_bytes)
-        ),
-        buffering.peak_buffered_bytes <= buffering.bound_bytes,
-    );
-    report.memory.push(PeakRss::new(
-        "sheaf-bench (CdcSource reader and consumer, in process)",
-        peak_kib,
-    ));
-    report.note(
-        "The first table is sheaf-cdc's CdcSource alone (\"published\" = turned into the topic, \
-         id and JSON a publish carries, then acknowledged); the second is the service: written to \
-         the (memory) log store and queue, then acknowledged.",
-    );
-    report.note(
-        "WAL MB/s counts pgoutput message bytes as the reader receives them (Change::wal_bytes); \
-         the buffered figure is the WAL bytes of the rows the reader handed over and the consumer \
-         has not acknowledged (CdcStream::wal_bytes_in_flight), sampled every 20 ms while the \
-         consumer did not read, and its bound is StreamOptions::buffer_bound for the run's \
-         options, in the same unit, with the largest row read. Process RSS growth also counts \
-         the transport's queue of undecoded messages and the decoded rows' size, which the \
-         bound does not.",
-    );
-    report.figure = Some(
-        Figure::new("cdc: Postgres inserts to events").panel(Panel::Bars {
-            title: "rows per second: the reader alone, and through sheaf serve".to_owned(),
-            unit: "rows/s".to_owned(),
-            log: false,
-            bars: throughput
-                .iter()
-                .enumerate()
-                .map(|(i, t)| Bar::new(format!("reader, {}", t.shape), t.rows_per_s, i))
-                .chain(service.iter().enumerate().map(|(i, t)| {
-                    Bar::new(
-                        format!("sheaf on {}, {}", t.backend, t.shape),
-                        t.rows_per_s,
-                        i,
-                    )
-                }))
-                .collect(),
-        }),
-    );
-    report.raw =
-        serde_json::json!({ "sizes": sizes, "throughput": throughput, "buffering": buffering });
-    report
 }

@@ -6,24 +6,24 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use async_nats::jetstream;
 use futures::StreamExt as _;
+use lapin::Connection;
 use lapin::options::{
-    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicConsumeOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use serde::Serialize;
+use sheaf_testenv::broker_clients;
 use sheaf_testenv::receiver::Receiver;
 
-use super::destinations::Kind;
+use super::Kind;
 
 /// The topic every event is published with (`Publisher::publish`), and so the routing key of
 /// the RabbitMQ messages: the destination leaves `routing_key` out, and the queue is bound
 /// with it.
-const TOPIC: &str = "bench.event";
+use crate::sheaf::TOPIC;
 
 /// What a destination held once its type was done.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -76,39 +76,10 @@ impl Target {
             }
             Kind::Rabbitmq => {
                 let url = urls.rabbitmq;
-                let connection = Connection::connect(url, ConnectionProperties::default())
-                    .await
-                    .with_context(|| format!("cannot connect to rabbitmq at {url}"))?;
+                let connection = broker_clients::connect_rabbitmq(url).await?;
                 let channel = connection.create_channel().await?;
                 let name = sheaf_testenv::unique_name("bench_destinations");
-                let durable = ExchangeDeclareOptions {
-                    durable: true,
-                    ..ExchangeDeclareOptions::default()
-                };
-                channel
-                    .exchange_declare(
-                        name.as_str().into(),
-                        ExchangeKind::Direct,
-                        durable,
-                        FieldTable::default(),
-                    )
-                    .await?;
-                channel
-                    .queue_declare(
-                        name.as_str().into(),
-                        QueueDeclareOptions::durable(),
-                        FieldTable::default(),
-                    )
-                    .await?;
-                channel
-                    .queue_bind(
-                        name.as_str().into(),
-                        name.as_str().into(),
-                        TOPIC.into(),
-                        QueueBindOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await?;
+                broker_clients::declare_bound_queue(&channel, &name, &name, TOPIC).await?;
                 // No `routing_key`: the event's topic is, and the queue is bound to it.
                 let config = serde_json::json!({ "url": url, "exchange": name });
                 Ok((
@@ -122,21 +93,10 @@ impl Target {
             }
             Kind::Nats => {
                 let url = urls.nats;
-                let client = async_nats::connect(url)
-                    .await
-                    .with_context(|| format!("cannot connect to nats at {url}"))?;
-                let jetstream = jetstream::new(client);
+                let jetstream = broker_clients::connect_jetstream(url).await?;
                 let stream = sheaf_testenv::unique_name("bench_destinations");
                 let subject = format!("bench.{stream}");
-                jetstream
-                    .create_stream(jetstream::stream::Config {
-                        name: stream.clone(),
-                        subjects: vec![subject.clone()],
-                        storage: jetstream::stream::StorageType::File,
-                        ..jetstream::stream::Config::default()
-                    })
-                    .await
-                    .with_context(|| format!("cannot create stream {stream}"))?;
+                broker_clients::create_file_stream(&jetstream, &stream, &subject).await?;
                 let config = serde_json::json!({ "url": url, "subject": subject });
                 Ok((Target::Nats { jetstream, stream }, config))
             }
@@ -169,7 +129,11 @@ impl Target {
                 let mut stream = jetstream.get_stream(stream).await?;
                 let state = stream.info().await?.state.clone();
                 arrived.last_sequence = Some(state.last_sequence);
-                stream_ids(&stream, state.first_sequence, state.last_sequence).await?
+                broker_clients::read_stream(&stream, state.first_sequence, state.last_sequence)
+                    .await?
+                    .iter()
+                    .map(|message| broker_clients::message_id(message).unwrap_or_default())
+                    .collect()
             }
         };
         let distinct: HashSet<&str> = ids.iter().map(String::as_str).collect();
@@ -250,33 +214,4 @@ async fn consume_ids(
         }
     }
     Ok(ids)
-}
-
-/// The `Nats-Msg-Id` of every message of `stream` from `first` to `last`, 32 reads at a time.
-async fn stream_ids(
-    stream: &jetstream::stream::Stream,
-    first: u64,
-    last: u64,
-) -> anyhow::Result<Vec<String>> {
-    if last == 0 {
-        return Ok(Vec::new());
-    }
-    let reads = futures::stream::iter(first..=last)
-        .map(|seq| async move {
-            let message = stream
-                .get_raw_message(seq)
-                .await
-                .with_context(|| format!("cannot read message {seq}"))?;
-            Ok::<_, anyhow::Error>(
-                message
-                    .headers
-                    .get("Nats-Msg-Id")
-                    .map(|v| v.as_str().to_owned())
-                    .unwrap_or_default(),
-            )
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await;
-    reads.into_iter().collect()
 }

@@ -1,0 +1,164 @@
+//! `delivery`: events per second from publish to a 2xx at a local receiver, and publish-to-
+//! delivery latency, through a real `sheaf serve` process on the memory backends, on Postgres
+//! alone (queue, tenants and log) and on Postgres (queue, tenants) + ClickHouse (log). Each phase
+//! also reports the publish latency a client sees (request to its 202).
+//!
+//! Per backend, after a warm-up: a **saturation** phase publishes a fixed number of events from
+//! 32 concurrent publishers and measures from the first publish to the last delivery; a **steady**
+//! phase publishes at 2,000 events/s (full size) and measures latency and the process's peak RSS,
+//! the memory target for Postgres + ClickHouse (docs/benchmarks.md, "Targets at a glance"). The
+//! memory backends run twice, the second time with every span exported to an OTLP sink, so
+//! tracing's cost is measured beside the run without it. On the memory backend the growth of
+//! the resident set over the saturation phase, divided by its events (all retained: fewer than
+//! the 25,000-event retention), less the payload, is the overhead per retained event.
+//!
+//! `measure.rs` runs one backend and measures it (with the queue and ClickHouse sampler of the
+//! steady phase); `report.rs` builds the tables, targets and figure from what it measured.
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::context::Ctx;
+use crate::report::Report;
+
+mod measure;
+mod report;
+
+use measure::{QueueOverTime, run_backend};
+use report::build_report;
+
+pub(super) const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
+    to a 2xx at a local receiver, with what latency and memory, on the memory backends and on \
+    Postgres + ClickHouse?";
+
+/// The bytes of each event's `pad` (the payload is `{"seq": n, "pad": "…"}`).
+pub(super) const PAD_BYTES: usize = 1_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(super) enum Backend {
+    Memory,
+    /// The memory backends with every span exported to an OTLP/HTTP sink (`SHEAF_OTLP_ENDPOINT`):
+    /// what tracing costs, side by side with the run without it.
+    MemoryTraced,
+    Postgres,
+    PostgresClickHouse,
+}
+
+impl Backend {
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::MemoryTraced => "memory, traces exported",
+            Backend::Postgres => "Postgres + Postgres",
+            Backend::PostgresClickHouse => "Postgres + ClickHouse",
+        }
+    }
+}
+
+/// Development knobs, for profiling one configuration without the whole run: a comma-separated
+/// subset of `memory,traced,postgres,clickhouse` and a steady phase length in seconds. The figures in
+/// docs/benchmarks.md always come from a run without them.
+const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
+const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
+/// And the traced run's `SHEAF_OTLP_SAMPLE_PERCENT` (100 by default, as the service's).
+const TRACE_PERCENT_VAR: &str = "SHEAF_BENCH_DELIVERY_TRACE_PERCENT";
+
+fn backends() -> anyhow::Result<Vec<Backend>> {
+    let all = vec![
+        Backend::Memory,
+        Backend::MemoryTraced,
+        Backend::Postgres,
+        Backend::PostgresClickHouse,
+    ];
+    let Ok(list) = std::env::var(BACKENDS_VAR) else {
+        return Ok(all);
+    };
+    list.split(',')
+        .map(|name| match name.trim() {
+            "memory" => Ok(Backend::Memory),
+            "traced" => Ok(Backend::MemoryTraced),
+            "postgres" => Ok(Backend::Postgres),
+            "clickhouse" => Ok(Backend::PostgresClickHouse),
+            other => anyhow::bail!(
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, postgres or clickhouse"
+            ),
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(super) struct Sizes {
+    pub(super) warmup: usize,
+    pub(super) saturation_events: usize,
+    pub(super) publishers: usize,
+    pub(super) steady_rate: f64,
+    pub(super) steady_seconds: f64,
+    /// Postgres + ClickHouse's steady phase: long enough for the queue's dead tuples, vacuum
+    /// and the claim's plan to show what they do over minutes.
+    pub(super) long_steady_seconds: f64,
+    /// How often the queue is sampled during a steady phase.
+    pub(super) sample_every_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Phase {
+    pub(super) published: usize,
+    pub(super) refused: u64,
+    pub(super) errors: u64,
+    pub(super) delivered: usize,
+    /// Delivered events ÷ (last delivery − first publish).
+    pub(super) events_per_s: f64,
+    /// Publishes per second the load achieved.
+    pub(super) publish_rate: f64,
+    pub(super) p50_ms: f64,
+    pub(super) p99_ms: f64,
+    pub(super) max_ms: f64,
+    /// Publish latency (request to 202) of the accepted publishes.
+    pub(super) publish_p50_ms: f64,
+    pub(super) publish_p99_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Measured {
+    pub(super) backend: Backend,
+    pub(super) saturation: Phase,
+    pub(super) steady: Phase,
+    pub(super) rss_before_kib: u64,
+    pub(super) rss_after_saturation_kib: u64,
+    /// Memory backend: (RSS growth ÷ events) − payload JSON bytes.
+    pub(super) overhead_per_event_bytes: Option<f64>,
+    pub(super) peak_rss_mib: f64,
+    /// Postgres backends: the queue over the steady phase.
+    pub(super) queue: Option<QueueOverTime>,
+    /// With traces exported: the exports the OTLP sink received.
+    pub(super) trace_exports: Option<usize>,
+}
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let sizes = Sizes {
+        warmup: ctx.size(500, 50),
+        saturation_events: ctx.size(20_000, 300),
+        publishers: 32,
+        steady_rate: ctx.size(2_000.0, 100.0),
+        steady_seconds: ctx.size(30.0, 2.0),
+        long_steady_seconds: ctx.size(300.0, 3.0),
+        sample_every_s: ctx.size(5.0, 0.5),
+    };
+    let mut sizes = sizes;
+    if let Some(seconds) = std::env::var(STEADY_SECONDS_VAR)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        sizes.steady_seconds = seconds;
+        sizes.long_steady_seconds = seconds;
+    }
+    let bin = ctx.sheaf_bin()?.to_path_buf();
+    let mut measured = Vec::new();
+    for backend in backends()? {
+        let m = run_backend(ctx, &bin, &sizes, backend)
+            .await
+            .with_context(|| backend.label())?;
+        measured.push(m);
+    }
+    Ok(build_report(ctx, &sizes, measured))
+}
