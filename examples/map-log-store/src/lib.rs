@@ -56,7 +56,7 @@ fn page_of<T, I: Ord>(
     position: impl Fn(&T) -> (Timestamp, I),
     cursor: impl Fn(&T) -> Cursor,
 ) -> Page<T> {
-    items.sort_by(|a, b| position(b).cmp(&position(a)));
+    items.sort_by_key(|item| std::cmp::Reverse(position(item)));
     if let Some(after) = after {
         // Strictly after the cursor in newest-first order is strictly smaller.
         items.retain(|item| position(item) < after);
