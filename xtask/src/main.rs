@@ -8,6 +8,7 @@
 mod bench;
 mod chaos;
 mod codegen;
+mod package;
 mod process;
 mod services;
 mod test;
@@ -23,7 +24,8 @@ commands:
                      NATS server with JetStream; write target/xtask/services.env
   services down      stop what `services up` started, by PID
   services status    show what is running and whether xtask started it
-  test [ARGS…]       services up, every test of the workspace, `bench all --quick`, services down (ARGS go to the test runner)
+  test [ARGS…]       services up, every test of the workspace (doctests counted), `package`, `bench all --quick`,
+                     services down (ARGS go to the test runner)
   bench SCENARIO…|all [--quick]
                      services up, the mechanisms' experiments on the real servers (lookup, parts, queue, delivery,
                      burst, cdc, destinations, memory), services down; results in target/bench/<scenario>.json and .svg
@@ -33,6 +35,10 @@ commands:
                      clickhouse, shutdown, cdc, broker
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
                      stop or start the fault suite's own servers (its scenarios call this)
+  package [--no-verify]
+                     `cargo package` of every publishable crate (publish not false in cargo metadata), offline,
+                     in dependency order, each verified by building it from its .crate; then `cargo doc` of
+                     them with rustdoc warnings denied
   codegen            rewrite the generated parts of the docs (the settings table in docs/configuration.md,
                      the metrics table in docs/operations.md)
   ci                 cargo fmt --check, cargo clippy -D warnings, then `test`
@@ -69,6 +75,7 @@ fn try_main() -> anyhow::Result<ExitCode> {
         ["bench", rest @ ..] => bench::bench(rest),
         ["chaos", rest @ ..] => chaos::chaos(rest),
         ["chaos-ctl", rest @ ..] => chaos::ctl(rest),
+        ["package", rest @ ..] => package::package(rest),
         ["codegen"] => codegen::codegen(),
         ["ci"] => test::ci(),
         ["help" | "--help" | "-h"] | [] => {

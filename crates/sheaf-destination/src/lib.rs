@@ -1,26 +1,5 @@
-//! Where Sheaf delivers events.
-//!
-//! A destination has a *type* (`webhook`, `rabbitmq`, `nats`, …) and a `config` object whose
-//! shape the type owns. The engine (queue, retries, log, API) never names a type: it asks the
-//! [`Registry`] for the [`DestinationType`] a destination's `type` names, has it check a
-//! `config` when a destination is created or changed, and hands it one [`Message`] per
-//! delivery. The type answers with a [`Report`] whose [`Verdict`] the engine acts on:
-//!
-//! - [`Verdict::Delivered`]: the attempt succeeded; the job is done.
-//! - [`Verdict::Retry`]: the attempt failed in a way that may pass later (the receiver is down
-//!   or slow); the job is retried on its schedule.
-//! - [`Verdict::Throttled`]: the receiver asked to be left alone for a while; every delivery to
-//!   the destination waits, and the job is retried after the wait.
-//! - [`Verdict::Permanent`]: retrying cannot help while the destination stays as configured (a
-//!   broker says the exchange or stream does not exist); the job is dead-lettered at once, where
-//!   a replay can send it again after the destination is fixed.
-//!
-//! A type keeps whatever it needs between deliveries (HTTP pools, broker connections) itself,
-//! keyed by destination id, and is told through [`DestinationType::forget`] when a destination
-//! is deleted or its `config` changes.
-//!
-//! [`guard`] holds the private-address check every type that connects somewhere applies, and
-//! the `testkit` feature the conformance suite every type passes ([`testkit`]).
+//! Where Sheaf delivers events: the destination-type trait, the shared address guard, and the conformance suite.
+#![doc = include_str!("../README.md")]
 
 pub mod guard;
 #[cfg(feature = "testkit")]

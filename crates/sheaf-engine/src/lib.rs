@@ -1,34 +1,5 @@
-//! Sheaf's engine: events in (publishes, manual retries, bulk replays, the CDC source), deliveries
-//! out (workers, retries on a schedule, dead letters), a searchable log of both, with every hot
-//! database path coalesced. The `sheaf` binary is this engine behind an HTTP API; a program can
-//! embed it the same way.
-//!
-//! The façade is small: [`start`] builds the engine over its [`Stores`] from an
-//! [`EngineConfig`] and returns the [`Engine`] handle (publish, retry, replay, tenant and
-//! destination changes that keep the caches consistent themselves, searches, the metrics page)
-//! and its [`Tasks`] (graceful stop). Everything else is private.
-//!
-//! Inside, the modules are in layers, each naming only the ones below it:
-//!
-//! ```text
-//!  config  ←  state  ←  ingest    ←  health.rs, engine.rs (the façade)
-//!                    ←  delivery  ←
-//! ```
-//!
-//! - `config`: what the engine runs with.
-//! - `state`: what one process shares: the stores, the caches, the coalesced paths to the log
-//!   store, sealed secrets, metrics, the backoff rule.
-//! - `ingest`: the ways events and jobs come in: publish, manual retry, replay, the CDC source,
-//!   the log shipper.
-//! - `delivery`: the way they go out: dispatcher, workers, completer, housekeeping.
-//! - `health.rs`: destination health and operator events, which join the two halves.
-//! - `destinations.rs`: the destination types this build delivers to (cargo features).
-//!
-//! # Cargo features
-//!
-//! The memory backends are always there. `postgres` (log store, queue, outbox, tenants),
-//! `clickhouse` (log store), `webhook`, `rabbitmq` and `nats` (destination types) are on by
-//! default; a program that needs fewer turns the defaults off and links only what it names.
+//! Sheaf's engine: publish, delivery, retries, replays and CDC intake behind one façade.
+#![doc = include_str!("../README.md")]
 
 mod config;
 mod delivery;

@@ -1,36 +1,5 @@
-//! The `nats` destination type: each delivery is a NATS JetStream publish, delivered once the
-//! stream has stored it.
-//!
-//! `config` is `{"url": "nats://[user:pass@]host:port", "subject": "orders.created"}` (or
-//! `tls://` for TLS from the first byte; read in `config.rs`). A tenant's stream captures the
-//! subject; Sheaf never creates or changes streams.
-//!
-//! # A delivery as a publish
-//! The event's `data` (JSON) is the message body, published to `subject` with the headers
-//! `Nats-Msg-Id` (the event id), `Sheaf-Topic`, `Sheaf-Tenant-Id`, `Sheaf-Destination-Id`,
-//! `Sheaf-Attempt`, `Content-Type: application/json`, the destination's custom headers and the
-//! attempt's trace context (`publish.rs`). Because the event id is JetStream's message id, a
-//! retry of an event the stream already stored (its acknowledgement was lost, say) is dropped
-//! by the stream's duplicate window rather than stored twice.
-//!
-//! # Verdicts
-//! - Delivered: the stream acknowledged the message, including as a duplicate (the stream
-//!   already has it).
-//! - Permanent: no stream captures the subject (the server answers "no responders"), the message
-//!   is larger than the server accepts, or a header cannot be carried: the same event would fail
-//!   the same way until the destination or the server is changed.
-//! - Retry: everything else. A stream that refuses (full with `discard: new`, no quorum) with
-//!   its error text and code; a refused, lost or timed-out connection; a TLS or credential
-//!   failure. The whole delivery (connect, publish, acknowledgement) is bounded by
-//!   [`NatsSettings::timeout`].
-//!
-//! # Connections
-//! One connection per destination, kept with the `config` it was opened for and shared by the
-//! destination's concurrent deliveries; replaced when the config changes or the connection is
-//! found down, dropped by [`DestinationType::forget`] (`pool.rs`). It is opened to the addresses
-//! [`guard::resolve_public`] approved, so a name that changes its addresses after validation
-//! cannot lead the connection somewhere private; certificates are still checked for the
-//! configured host name (`tls.rs`).
+//! Sheaf's NATS destination type: a JetStream publish per delivery, acknowledged by the stream.
+#![doc = include_str!("../README.md")]
 
 mod config;
 mod pool;

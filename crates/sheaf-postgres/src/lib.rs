@@ -1,44 +1,5 @@
-//! Sheaf's stores on Postgres (sqlx): the [`LogStore`], the [`JobQueue`], the [`EntityStore`]
-//! and the [`ReplayStore`] of `sheaf-store`, with their migrations embedded.
-//!
-//! ```text
-//! let stores = PostgresStores::new(PostgresConfig::new(url))?; // no I/O yet
-//! stores.migrate().await?;                                      // creates or updates the schema
-//! let log: Arc<dyn LogStore> = stores.log_store();
-//! let queue: Arc<dyn JobQueue> = stores.job_queue();
-//! let entities: Arc<dyn EntityStore> = stores.entity_store();
-//! let replays: Arc<dyn ReplayStore> = stores.replay_store();
-//! ```
-//!
-//! - **One schema** ([`PostgresConfig::schema`], `sheaf` by default) holds every table; each
-//!   statement names its tables with the schema, so several Sheaf deployments (or test runs) can
-//!   share a database without sharing state.
-//! - **Log**: `events` and `attempts`; a batch is one `INSERT … SELECT FROM unnest(…)` statement,
-//!   and the batched latest-attempt lookup is one `LATERAL` statement, one index probe per key
-//!   (the statement retries coming due together share). See `migrations/0001_log.sql` for the
-//!   indexes and why each exists.
-//! - **Queue**: leases instead of held transactions and savepoints, one claimer per process; see
-//!   [`PostgresJobQueue`] and `migrations/0002_queue.sql`.
-//! - **Outbox**: with the queue here, a publish commits its event and jobs in one statement, and an
-//!   attempt commits with its job's outcome; see [`PostgresOutbox`] and
-//!   `migrations/0004_outbox.sql`.
-//! - **Entities**: `tenants` and `destinations`, secrets stored as given; a destination's payload
-//!   filter is a `jsonb` column holding the filter as the API accepted it. Delivery health (the
-//!   consecutive failures, and the automatic disable at the limit) is one statement per batch of
-//!   reports, locking the rows it changes in id order so concurrent batches neither lose a
-//!   failure nor deadlock, and skipping the rows it would not change; see
-//!   `migrations/0006_destination_health.sql` for the columns.
-//! - **Replays**: one row per bulk replay, written once per page of its source under a lease on
-//!   the server's clock, taken over like a queue claim when the lease runs out; see
-//!   [`PostgresReplayStore`] and `migrations/0009_replays.sql`.
-//! - **Errors** are mapped in one place (`error.rs`): an unreachable, restarting or overloaded
-//!   server is [`sheaf_store::Error::Unavailable`], never a panic.
-//!
-//! No transaction is ever held while a caller works: every trait call is one statement (a
-//! latest-attempt call over more than 1,000 distinct keys is split into statements of 1,000), or
-//! one short transaction (an outbox settlement). The exceptions are [`PostgresStores::migrate`]
-//! and an outbox shipment, which holds its transaction while its records are written to the log
-//! store, so that they leave the outbox only once they are there.
+//! Sheaf's LogStore, JobQueue, EntityStore and ReplayStore on Postgres (sqlx), migrations embedded.
+#![doc = include_str!("../README.md")]
 
 mod config;
 mod db;

@@ -1,51 +1,5 @@
-//! Sheaf's `rabbitmq` destination type: each delivery is one message published to an AMQP
-//! 0-9-1 exchange, confirmed by the broker.
-//!
-//! # A delivery, in AMQP
-//!
-//! `config` is `{"url": "amqp://user:pass@host:port/vhost", "exchange": "name",
-//! "routing_key": "optional"}` (`amqps://` for TLS). A delivery is a `basic.publish` to
-//! `exchange` with routing key `routing_key`, or, when it is absent, the event's topic (so a
-//! topic exchange routes by topic pattern: bind a queue with `order.*`). The body is the
-//! event's payload as it is; the properties:
-//!
-//! - `message_id`: the event id, so a consumer can drop a repeat (deliveries are at least once);
-//! - `content_type` `application/json`, `delivery_mode` 2 (persistent), `app_id` `sheaf`,
-//!   `timestamp`: the attempt's time in Unix seconds;
-//! - headers, all long strings: the destination's custom headers, the trace context
-//!   (`traceparent`, `tracestate`), then `sheaf-topic`, `sheaf-tenant-id`,
-//!   `sheaf-destination-id` and `sheaf-attempt` (set last, so they cannot be forged by a custom
-//!   header, and reserved: see [`DestinationType::reserved_headers`]).
-//!
-//! The publish is `mandatory` and every channel is in confirm mode: a delivery counts as
-//! delivered only when the broker acks it, that is when every queue it was routed to has it
-//! (on disk, for durable queues).
-//!
-//! # Verdicts
-//!
-//! - broker ack → [`Verdict::Delivered`];
-//! - `basic.nack` (a queue at its `x-max-length` with `x-overflow: reject-publish`, a broker
-//!   that could not store it) → [`Verdict::Retry`];
-//! - message returned, `312 NO_ROUTE` (no queue is bound for that routing key) → retry, code 312:
-//!   binding a queue later mends it;
-//! - channel closed with `404 NOT_FOUND` (the exchange does not exist) → [`Verdict::Permanent`],
-//!   code 404: the one failure that waits for someone to change the broker or the destination;
-//! - a refused, lost or silent connection, a refused login (403) or vhost (530), the delivery
-//!   timeout → retry. The whole delivery (connecting included) is bounded by
-//!   [`RabbitMqSettings::timeout`].
-//!
-//! No error names the URL's password: brokers are named by host and port.
-//!
-//! # Connections
-//!
-//! Connections are kept per destination id with the `config` they were opened for (a delivery
-//! with another `config` replaces them, [`DestinationType::forget`] drops them), with up to
-//! eight confirm-mode channels each so concurrent deliveries do not queue behind one another's
-//! confirms. A dead connection (the broker restarted) is dropped when a delivery finds it so,
-//! and the next delivery reconnects; the failing delivery itself is retried like any other.
-//! Connections go only to addresses the private-address guard checked when connecting, not
-//! to whatever the host resolves to later. `amqps://` is verified against the bundled webpki
-//! roots plus the operator's CA file ([`RabbitMq::with_ca_file`]), with rustls on ring.
+//! Sheaf's RabbitMQ destination type: each delivery one confirmed AMQP 0-9-1 publish.
+#![doc = include_str!("../README.md")]
 
 mod config;
 mod connect;

@@ -36,7 +36,7 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Sends the spans still queued (at most [`EXPORT_TIMEOUT`]) and stops the exporter.
+    /// Sends the spans still queued (at most `EXPORT_TIMEOUT`) and stops the exporter.
     pub fn shutdown(self) {
         if let Some(provider) = self.provider
             && let Err(err) = provider.shutdown_with_timeout(EXPORT_TIMEOUT)

@@ -1,17 +1,5 @@
-//! Client-side TLS for every connection Sheaf opens: the replication stream, ClickHouse over
-//! `https://`, and whatever else needs a [`rustls::ClientConfig`] of its own.
-//!
-//! - One crypto provider: rustls on ring ([`provider`]). Nothing here relies on a process-wide
-//!   default, so a program that links a second provider still gets ring from Sheaf.
-//! - One root store ([`roots`]): the bundled webpki roots, plus the certificates of an
-//!   operator's CA file (a private CA, a hosted database's CA bundle). Adding a CA never
-//!   removes the public roots.
-//! - Postgres's `sslmode` values ([`SslMode`]) with libpq's meaning: `require` encrypts
-//!   without checking who answers, `verify-ca` checks the chain but not the name, and
-//!   `verify-full` checks both.
-//!
-//! A CA file that cannot be used is an error naming the file and what is wrong with it
-//! ([`CaFileError`]), so start-up can stop with a message an operator can act on.
+//! Sheaf's client-side TLS: rustls on ring, one root store, and Postgres's sslmode verifiers.
+#![doc = include_str!("../README.md")]
 
 use std::fmt;
 use std::path::{Path, PathBuf};

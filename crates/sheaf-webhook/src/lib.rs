@@ -1,13 +1,5 @@
-//! The `webhook` destination type: a signed HTTP POST of the event's `data` as JSON.
-//!
-//! `config` is `{"url": "https://…"}`. A delivery carries `webhook-id` (the event id),
-//! `webhook-timestamp` (Unix seconds) and `webhook-signature` (Standard Webhooks, `sign.rs`),
-//! then the destination's custom headers and the attempt's trace context. What an answer
-//! means is in `send.rs`; the private-address guard as HTTP applies it in `guard.rs`.
-//!
-//! One [`Webhook`] per process holds one connection pool for every webhook destination: HTTP
-//! connections are per host, not per destination, so there is nothing to keep or forget per
-//! destination.
+//! Sheaf's webhook destination type: Standard Webhooks signatures, the private-address guard, no redirects.
+#![doc = include_str!("../README.md")]
 
 mod guard;
 mod send;

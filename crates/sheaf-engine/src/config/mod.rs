@@ -161,3 +161,80 @@ pub struct EngineConfig {
     /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
     pub cdc: Option<cdc::CdcSettings>,
 }
+
+/// The embedded default: memory stores, 32 workers, the retry schedule 5 s, 1 min, 10 min,
+/// 1 h, 6 h. The same values as the `sheaf` binary's settings when none is set (its tests
+/// check that they agree).
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let secs = Duration::from_secs;
+        Self {
+            secrets_key: None,
+            log_store: LogStoreKind::Memory,
+            queue: QueueKind::Memory,
+            postgres_url: None,
+            clickhouse_url: None,
+            postgres_schema: "sheaf".to_owned(),
+            clickhouse_database: "sheaf".to_owned(),
+            retry: RetryConfig {
+                schedule: [5, 60, 600, 3600, 21600].map(secs).to_vec(),
+                max_attempts: 6,
+                jitter_percent: 20,
+                not_ready_delay: secs(1),
+                retry_after_max: secs(3600),
+            },
+            retry_lookup: LookupConfig {
+                max_batch: 50,
+                max_wait: Duration::from_millis(50),
+                adaptive: false,
+                // A retry can wait the batch's 50 ms under load (it is due seconds after its
+                // failure), so adaptive retries gather like the fixed mode then.
+                gather_under_load: true,
+                ..LookupConfig::default()
+            },
+            // Event reads are adaptive: a first delivery on a quiet service reads its payload
+            // at once, and batches grow only while a read is already in flight; 20 ms bounds
+            // the gathering, since that wait is publish-to-delivery latency.
+            event_lookup: LookupConfig {
+                max_batch: 100,
+                max_wait: Duration::from_millis(20),
+                adaptive: true,
+                ..LookupConfig::default()
+            },
+            fresh_event_cache: 10_000,
+            delivery_workers: 32,
+            delivery_timeout: secs(15),
+            queue_lease: secs(30),
+            queue_poll_interval: Duration::from_millis(100),
+            completer_flush_interval: Duration::from_millis(5),
+            completer_max_batch: 256,
+            log_write: WriteConfig {
+                max_records: 10_000,
+                max_bytes: 16 * 1024 * 1024,
+                max_wait: Duration::ZERO,
+                ..WriteConfig::default()
+            },
+            log_ship_interval: secs(1),
+            max_publishes_in_flight: 1024,
+            memory_log_retention: sheaf_memory::LogRetention {
+                max_age: Some(secs(3 * 24 * 3600)),
+                max_events: 25_000,
+                max_attempts: 100_000,
+            },
+            memory_max_pending_events: 100_000,
+            memory_max_pending_bytes: 128 * 1024 * 1024,
+            outbox_max_events: 10_000_000,
+            idempotency_window: secs(24 * 3600),
+            allow_private_destinations: false,
+            secret_rotation_grace: secs(24 * 3600),
+            entity_cache_ttl: secs(5),
+            shutdown_timeout: secs(20),
+            egress_proxy: None,
+            tls_ca_file: None,
+            traces: false,
+            disable_after_failures: 0,
+            operator_webhook: None,
+            cdc: None,
+        }
+    }
+}

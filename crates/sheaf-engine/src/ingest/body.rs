@@ -47,6 +47,8 @@ impl std::fmt::Display for BodyError {
     }
 }
 
+impl std::error::Error for BodyError {}
+
 /// The error of a body that `serde_json` refused.
 pub fn json_error(err: &serde_json::Error) -> BodyError {
     let code = if err.is_syntax() || err.is_eof() || err.is_io() {

@@ -376,7 +376,7 @@ mod clickhouse {
     }
 }
 
-/// What a readiness probe found: each store's ping, each bounded by [`READY_PING_TIMEOUT`].
+/// What a readiness probe found: each store's ping, each bounded by a second.
 #[derive(Debug)]
 pub struct Readiness {
     /// The log store's ping.

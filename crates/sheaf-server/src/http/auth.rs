@@ -1,5 +1,5 @@
 //! Who may call what. Each route says who may call it ([`Access`]); one middleware
-//! ([`authorize`]), built from that, checks the caller before any handler runs: the admin key
+//! (`authorize`), built from that, checks the caller before any handler runs: the admin key
 //! (`SHEAF_API_KEY`, compared in constant time) or a tenant token (`super::tokens`, its
 //! signature checked in constant time), and for a token, that the route is open to tokens and
 //! names the token's tenant. A tenant token that names another tenant gets `403` whether or

@@ -1,30 +1,31 @@
 //! The HTTP API under `/api/v1`, plus `/healthz`, `/readyz`, `/metrics` and the OpenAPI
 //! document: the top layer of the crate, and the only one that speaks HTTP status codes.
 //!
-//! - [`routes`]: the route table, each route with its [`auth::Access`]; the router below and the
-//!   OpenAPI document ([`openapi`]) are both built from it.
-//! - [`auth`]: the admin key and tenant tokens ([`tokens`]), checked by one middleware.
-//! - [`extract`]: request extractors that answer in the API's error shape.
-//! - [`handlers`]: one file per resource.
-//! - [`error`]: the one error shape, and the mapping of every lower layer's error to a status.
-//! - [`limits`]: bounds on what a destination may carry.
-//! - [`layers`]: what every request goes through first: its request id, its span, its timeout.
-//! - [`portal`]: the web portal's embedded files under `/portal/`, outside the route table (they
+//! - [`mod@routes`]: the route table, each route with its [`auth::Access`]; the router below and the
+//!   OpenAPI document (`openapi`) are both built from it.
+//! - [`auth`]: the admin key and tenant tokens (`tokens`), checked by one middleware.
+//! - `extract`: request extractors that answer in the API's error shape.
+//! - `handlers`: one file per resource.
+//! - `error`: the one error shape, and the mapping of every lower layer's error to a status.
+//! - `limits`: bounds on what a destination may carry.
+//! - `layers`: what every request goes through first: its request id, its span, its timeout.
+//! - `portal`: the web portal's embedded files under `/portal/`, outside the route table (they
 //!   are not API), with their Content-Security-Policy.
 //!
 //! Every error, including axum's own rejections (bad JSON, oversized bodies, unknown routes,
 //! wrong methods), is answered in that one shape.
 
+// Public for the tests only: the route table and who may call each route.
 pub mod auth;
-pub mod error;
-pub mod extract;
+mod error;
+pub(crate) mod extract;
 mod handlers;
-pub mod layers;
-pub mod limits;
-pub mod openapi;
-pub mod portal;
+mod layers;
+mod limits;
+mod openapi;
+mod portal;
 pub mod routes;
-pub mod tokens;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -38,7 +39,7 @@ use error::ApiError;
 use extract::AppState;
 use routes::routes;
 
-/// Builds the router from [`routes`]: each protected route gets the authorization middleware
+/// Builds the router from [`routes()`]: each protected route gets the authorization middleware
 /// with its own [`Access`].
 pub fn router(app: AppState) -> Router {
     let mut router: Router<AppState> = Router::new();

@@ -505,3 +505,14 @@ fn retry_delays_repeat_the_last_entry() {
     assert_eq!(config.engine.retry.base_delay(2), Duration::from_secs(2));
     assert_eq!(config.engine.retry.base_delay(9), Duration::from_secs(2));
 }
+
+/// The engine's own defaults (for programs that embed it without settings) are the settings'
+/// defaults: written twice, kept equal here.
+#[test]
+fn the_engine_defaults_are_the_settings_defaults() {
+    let from_settings = Config::load(HashMap::new()).unwrap().engine;
+    assert_eq!(
+        format!("{:?}", sheaf_engine::EngineConfig::default()),
+        format!("{from_settings:?}")
+    );
+}
