@@ -1,5 +1,5 @@
 //! Destination health and operator events: the task that reads the completer's reports of
-//! finished turns (`state::health`), counts consecutive failures per destination, disables the
+//! finished turns (`state::turns`), counts consecutive failures per destination, disables the
 //! destinations that reach `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES`, and publishes operator
 //! events to `SHEAF_OPERATOR_WEBHOOK_URL`.
 //!
@@ -40,8 +40,8 @@ use crate::config::OperatorWebhook;
 use crate::ingest::publish::{NewEvent, publish_events};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
-use crate::state::health::{OPERATOR_TENANT, Report};
 use crate::state::metrics::Metrics;
+use crate::state::turns::{OPERATOR_TENANT, TurnReport};
 
 /// The operator tenant's one destination: a fixed id, so processes starting together agree on
 /// it (the second one's create finds it taken and updates it instead).
@@ -70,7 +70,7 @@ pub(crate) struct HealthTask {
 impl HealthTask {
     /// Starts the task when the core has a report channel.
     pub(crate) fn start(core: &Arc<Core>) -> Option<HealthTask> {
-        let reports = core.health.as_ref()?.take_receiver()?;
+        let reports = core.turn_reports.as_ref()?.take_receiver()?;
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(Arc::clone(core), reports, stop.clone()));
         Some(HealthTask { stop, task })
@@ -86,7 +86,11 @@ impl HealthTask {
     }
 }
 
-async fn run(core: Arc<Core>, mut reports: mpsc::Receiver<Vec<Report>>, stop: CancellationToken) {
+async fn run(
+    core: Arc<Core>,
+    mut reports: mpsc::Receiver<Vec<TurnReport>>,
+    stop: CancellationToken,
+) {
     loop {
         let first = tokio::select! {
             batch = reports.recv() => batch,
@@ -103,9 +107,9 @@ async fn run(core: Arc<Core>, mut reports: mpsc::Receiver<Vec<Report>>, stop: Ca
     }
 }
 
-async fn handle(core: &Arc<Core>, reports: Vec<Report>) {
+async fn handle(core: &Arc<Core>, reports: Vec<TurnReport>) {
     let operator = TenantId::new(OPERATOR_TENANT).expect("a valid tenant id");
-    let reports: Vec<Report> = reports
+    let reports: Vec<TurnReport> = reports
         .into_iter()
         .filter(|r| r.tenant_id != operator)
         .collect();
@@ -155,7 +159,7 @@ async fn handle(core: &Arc<Core>, reports: Vec<Report>) {
 
 /// The reports as one `record_delivery_health` call: per destination, in the order the turns
 /// finished, whether one succeeded and how many failed after the last success.
-fn summarize(reports: &[Report]) -> Vec<DeliveryHealth> {
+fn summarize(reports: &[TurnReport]) -> Vec<DeliveryHealth> {
     let mut order: Vec<DestinationId> = Vec::new();
     let mut by_destination: HashMap<DestinationId, DeliveryHealth> = HashMap::new();
     for report in reports {
@@ -191,7 +195,7 @@ fn summarize(reports: &[Report]) -> Vec<DeliveryHealth> {
         .collect()
 }
 
-async fn record(core: &Core, reports: &[Report], limit: u32) -> Vec<HealthChange> {
+async fn record(core: &Core, reports: &[TurnReport], limit: u32) -> Vec<HealthChange> {
     let summary = summarize(reports);
     if summary.is_empty() {
         return Vec::new();
@@ -338,8 +342,8 @@ pub(crate) async fn ensure_operator_destination(
 mod tests {
     use super::*;
 
-    fn report(destination: DestinationId, attempt: Option<Result<(), &str>>) -> Report {
-        Report {
+    fn report(destination: DestinationId, attempt: Option<Result<(), &str>>) -> TurnReport {
+        TurnReport {
             tenant_id: TenantId::new("t").unwrap(),
             destination_id: destination,
             event_id: EventId::generate(),

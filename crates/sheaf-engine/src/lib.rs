@@ -66,4 +66,4 @@ pub mod reseal {
 }
 
 /// Operator events' tenant, reserved: only the engine writes to it.
-pub use state::health::OPERATOR_TENANT;
+pub use state::turns::OPERATOR_TENANT;

@@ -111,6 +111,7 @@ pub fn init(config: &Config, runtime: tokio::runtime::Handle) -> anyhow::Result<
         .with_filter(
             Targets::new()
                 .with_target("sheaf_server", LevelFilter::INFO)
+                .with_target("sheaf_engine", LevelFilter::INFO)
                 .with_target("sheaf_coalesce", LevelFilter::DEBUG)
                 .with_target("sheaf_cdc", LevelFilter::INFO),
         );

@@ -72,8 +72,8 @@ async fn flush(core: &Core, batch: Vec<Turn>, give_up: &CancellationToken) {
         write_outcomes(core, settlement).await;
     }
     // After the outcomes are written: a destination is judged on what was recorded.
-    if let Some(health) = &core.health {
-        health.send(reports).await;
+    if let Some(channel) = &core.turn_reports {
+        channel.send(reports).await;
     }
 }
 

@@ -49,7 +49,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sheaf_store::{Attempt, DeadLetterRequest, Lease, Reschedule};
 
-use crate::state::health::Report;
+use crate::state::turns::TurnReport;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -74,7 +74,7 @@ struct Turn {
     outcome: Outcome,
     attempt: Option<Attempt>,
     /// For destination health and operator events, when the process wants them.
-    report: Option<Report>,
+    report: Option<TurnReport>,
 }
 
 impl From<Outcome> for Turn {

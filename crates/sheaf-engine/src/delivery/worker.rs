@@ -21,12 +21,12 @@ use super::{Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::handoff::Dispatched;
-use crate::state::health::Report;
 use crate::state::jobs::is_manual_job;
 use crate::state::log_access::{LogRecord, RetryKey};
 use crate::state::metrics::{AttemptResult, DeliveryOutcome, Metrics};
 use crate::state::pacer::Admission;
 use crate::state::trace::trace_headers;
+use crate::state::turns::TurnReport;
 use sheaf_destination::{Message, Report as Delivered, Verdict};
 
 /// The dead-letter reason of a job whose destination was disabled when its turn came (at
@@ -440,16 +440,16 @@ async fn deliver(
     })
 }
 
-/// The turn's [`Report`], when the process wants reports.
+/// The turn's [`TurnReport`], when the process wants reports.
 fn report(
     core: &Core,
     claimed: &ClaimedJob,
     attempt: Option<Result<(), String>>,
     outcome: &Outcome,
-) -> Option<Report> {
-    core.health.as_ref()?;
+) -> Option<TurnReport> {
+    core.turn_reports.as_ref()?;
     let job = &claimed.job;
-    Some(Report {
+    Some(TurnReport {
         tenant_id: job.tenant_id.clone(),
         destination_id: job.destination_id,
         event_id: job.event_id.clone(),

@@ -195,22 +195,86 @@ async fn publish_in_span(
         return Err(PublishError::UnknownTenant(tenant_id.as_str().to_owned()));
     }
     core.admission.check()?;
-    // Stored with each event, so that every delivery continues this publish's trace; and kept
-    // in memory before anything can deliver them, for this process's deliveries (state::trace).
-    let trace = core.traces.as_ref().and_then(|_| publish_context());
-    if let Some(traces) = &core.traces {
-        for event in &events {
-            traces
-                .remember(EventKey {
+    let trace = remember_trace(core, tenant_id, &events).await;
+    match &core.intake {
+        Some(intake) => {
+            publish_durably(core, intake, tenant_id, &entry.destinations, events, trace).await
+        }
+        None => publish_directly(core, tenant_id, &entry.destinations, events, trace).await,
+    }
+}
+
+/// The publish's trace context, stored with each event so that every delivery continues this
+/// publish's trace, and kept in memory before anything can deliver them, for this process's
+/// deliveries (`state::trace`). `None` unless spans are exported.
+async fn remember_trace(
+    core: &Core,
+    tenant_id: &TenantId,
+    events: &[NewEvent],
+) -> Option<TraceContext> {
+    let traces = core.traces.as_ref()?;
+    for event in events {
+        traces
+            .remember(EventKey {
+                tenant_id: tenant_id.clone(),
+                event_id: event.id.clone(),
+            })
+            .await;
+    }
+    publish_context()
+}
+
+/// [`publish_events`] without an outbox: steps 2 to 5 of the module docs.
+async fn publish_directly(
+    core: &Arc<Core>,
+    tenant_id: &TenantId,
+    destinations: &[Destination],
+    events: Vec<NewEvent>,
+    trace: Option<TraceContext>,
+) -> Result<Vec<Published>, PublishError> {
+    let mut results = repeats_among(core, tenant_id, destinations, &events).await?;
+    let now = Timestamp::now();
+    let fresh: Vec<(usize, Event)> = events
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| results[*i].is_none())
+        .map(|(i, e)| {
+            (
+                i,
+                Event {
                     tenant_id: tenant_id.clone(),
-                    event_id: event.id.clone(),
-                })
-                .await;
+                    id: e.id,
+                    topic: e.topic,
+                    time: now,
+                    data: e.data,
+                    trace: trace.clone(),
+                },
+            )
+        })
+        .collect();
+    if !fresh.is_empty() {
+        let counts = record_and_enqueue(core, destinations, &fresh, now).await?;
+        for ((i, event), jobs) in fresh.into_iter().zip(counts) {
+            core.accepted.insert(event.key(), ()).await;
+            results[i] = Some(Published {
+                id: event.id,
+                repeat: false,
+                jobs,
+            });
         }
     }
-    if let Some(intake) = &core.intake {
-        return publish_durably(core, intake, tenant_id, &entry.destinations, events, trace).await;
-    }
+    Ok(results.into_iter().flatten().collect())
+}
+
+/// Steps 2 and 3: one entry per event, `Some` for a repeat (an id accepted recently by this
+/// process, repeated within this call, or found in the log store, whose missing jobs are
+/// repaired), `None` for an event to publish.
+async fn repeats_among(
+    core: &Arc<Core>,
+    tenant_id: &TenantId,
+    destinations: &[Destination],
+    events: &[NewEvent],
+) -> Result<Vec<Option<Published>>, PublishError> {
     let key_of = |id: &EventId| EventKey {
         tenant_id: tenant_id.clone(),
         event_id: id.clone(),
@@ -221,7 +285,6 @@ async fn publish_in_span(
         repeat: true,
         jobs,
     };
-    // Ids accepted recently by this process, and ids repeated within this call, are repeats.
     let mut seen = std::collections::HashSet::with_capacity(events.len());
     let mut to_check = Vec::new();
     for (i, event) in events.iter().enumerate() {
@@ -252,89 +315,69 @@ async fn publish_in_span(
     }
     if !repeats.is_empty() {
         let stored: Vec<Event> = repeats.iter().map(|(_, e)| e.clone()).collect();
-        let jobs = repair(core, &stored, &entry.destinations).await?;
+        let jobs = repair(core, &stored, destinations).await?;
         for ((i, event), jobs) in repeats.into_iter().zip(jobs) {
             core.accepted.insert(event.key(), ()).await;
             results[i] = Some(repeat(&event.id, jobs));
         }
     }
-    let repeat_count = results.iter().flatten().count();
-    Metrics::add(&core.metrics.publish_repeats, repeat_count);
+    Metrics::add(
+        &core.metrics.publish_repeats,
+        results.iter().flatten().count(),
+    );
+    Ok(results)
+}
 
-    let now = Timestamp::now();
-    let fresh: Vec<(usize, Event)> = events
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| results[*i].is_none())
-        .map(|(i, e)| {
-            (
-                i,
-                Event {
-                    tenant_id: tenant_id.clone(),
-                    id: e.id,
-                    topic: e.topic,
-                    time: now,
-                    data: e.data,
-                    trace: trace.clone(),
-                },
-            )
-        })
-        .collect();
-    if !fresh.is_empty() {
-        for (_, event) in &fresh {
-            core.fresh.insert(event.key(), event.clone()).await;
-        }
-        core.log_writer
-            .hand_off(
-                fresh
-                    .iter()
-                    .map(|(_, e)| LogRecord::Event(e.clone()))
-                    .collect(),
-            )
-            .await
-            .map_err(|e| PublishError::Unavailable(format!("could not record the event: {e}")))?;
-        let mut jobs: Vec<Job> = Vec::new();
-        let mut counts = Vec::with_capacity(fresh.len());
-        for (_, event) in &fresh {
-            let before = jobs.len();
-            jobs.extend(
-                entry
-                    .destinations
-                    .iter()
-                    .filter(|d| matches(d, event))
-                    .map(|d| job_for(event, d, now)),
-            );
-            counts.push(jobs.len() - before);
-        }
-        if !jobs.is_empty() {
-            // A child of the publish, while spans are exported (the Postgres queue's enqueue is
-            // part of the group commit's `coalesced_write` instead).
-            let span = match core.traces {
-                Some(_) => tracing::info_span!("enqueue", jobs = jobs.len()),
-                None => tracing::Span::none(),
-            };
-            core.stores
-                .queue
-                .enqueue(&jobs)
-                .instrument(span)
-                .await
-                .map_err(|e| {
-                    PublishError::Unavailable(format!("could not enqueue deliveries: {e}"))
-                })?;
-            core.wake.notify_one();
-        }
-        Metrics::add(&core.metrics.events_published, fresh.len());
-        Metrics::add(&core.metrics.jobs_enqueued, jobs.len());
-        for ((i, event), jobs) in fresh.into_iter().zip(counts) {
-            core.accepted.insert(event.key(), ()).await;
-            results[i] = Some(Published {
-                id: event.id,
-                repeat: false,
-                jobs,
-            });
-        }
+/// Step 4: the new events into the fresh-event cache and, durably, the log store; then their
+/// jobs into the queue. Returns how many jobs each event got, in order.
+async fn record_and_enqueue(
+    core: &Core,
+    destinations: &[Destination],
+    fresh: &[(usize, Event)],
+    now: Timestamp,
+) -> Result<Vec<usize>, PublishError> {
+    for (_, event) in fresh {
+        core.fresh.insert(event.key(), event.clone()).await;
     }
-    Ok(results.into_iter().flatten().collect())
+    core.log_writer
+        .hand_off(
+            fresh
+                .iter()
+                .map(|(_, e)| LogRecord::Event(e.clone()))
+                .collect(),
+        )
+        .await
+        .map_err(|e| PublishError::Unavailable(format!("could not record the event: {e}")))?;
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut counts = Vec::with_capacity(fresh.len());
+    for (_, event) in fresh {
+        let before = jobs.len();
+        jobs.extend(
+            destinations
+                .iter()
+                .filter(|d| matches(d, event))
+                .map(|d| job_for(event, d, now)),
+        );
+        counts.push(jobs.len() - before);
+    }
+    if !jobs.is_empty() {
+        // A child of the publish, while spans are exported (the Postgres queue's enqueue is
+        // part of the group commit's `coalesced_write` instead).
+        let span = match core.traces {
+            Some(_) => tracing::info_span!("enqueue", jobs = jobs.len()),
+            None => tracing::Span::none(),
+        };
+        core.stores
+            .queue
+            .enqueue(&jobs)
+            .instrument(span)
+            .await
+            .map_err(|e| PublishError::Unavailable(format!("could not enqueue deliveries: {e}")))?;
+        core.wake.notify_one();
+    }
+    Metrics::add(&core.metrics.events_published, fresh.len());
+    Metrics::add(&core.metrics.jobs_enqueued, jobs.len());
+    Ok(counts)
 }
 
 /// [`publish_events`] through the outbox's group commit: see the module docs.

@@ -13,7 +13,7 @@
 //! - [`secrets`]: destination credentials sealed at rest, at the entity store's boundary;
 //!   [`reseal`]: the pass that re-seals them under a new `SHEAF_SECRETS_KEY`;
 //!   [`url_password`]: the password in a destination's `config.url`, found, sealed, redacted.
-//! - [`health`]: the completer's reports of finished turns, for destination health and
+//! - [`turns`]: the completer's reports of finished turns, for destination health and
 //!   operator events.
 //! - [`jobs`]: how delivery job ids are derived, and how a manual retry's job is told apart.
 //! - [`metrics`]: the counters and the Prometheus page.
@@ -27,7 +27,6 @@ pub(crate) mod admission;
 pub(crate) mod backoff;
 pub(crate) mod entities;
 pub(crate) mod handoff;
-pub(crate) mod health;
 pub(crate) mod intake;
 pub(crate) mod jobs;
 pub(crate) mod log_access;
@@ -39,6 +38,7 @@ pub(crate) mod secrets;
 mod shared;
 pub(crate) mod stores;
 pub(crate) mod trace;
+pub(crate) mod turns;
 pub(crate) mod url_password;
 
 pub use shared::Core;

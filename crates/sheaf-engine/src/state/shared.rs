@@ -14,7 +14,6 @@ use crate::config::EngineConfig;
 use crate::state::admission::Admission;
 use crate::state::entities::EntityCache;
 use crate::state::handoff::JobChannel;
-use crate::state::health::HealthReports;
 use crate::state::intake::{IntakeCommit, IntakeWriter, intake_config};
 use crate::state::log_access::{
     EventCoalescer, EventLookup, LogCoalescer, LogWriter, RetryCoalescer, RetryLookup, retry_split,
@@ -25,6 +24,7 @@ use crate::state::replays::Replays;
 use crate::state::secrets::SealedEntityStore;
 use crate::state::stores::Stores;
 use crate::state::trace::EventTraces;
+use crate::state::turns::TurnReports;
 
 /// How long a freshly published event stays in the payload cache. Its first delivery
 /// normally starts within milliseconds; a backlog longer than this reads the log store.
@@ -69,7 +69,7 @@ pub struct Core {
     pub traces: Option<EventTraces>,
     /// Where the completer reports finished turns; `None` when nothing needs them (no automatic
     /// disabling, no operator webhook).
-    pub health: Option<HealthReports>,
+    pub turn_reports: Option<TurnReports>,
     /// The bulk replays this process ran, by id.
     pub replays: Replays,
     /// When deliveries to each destination may start (rate limits, `Retry-After` pauses).
@@ -159,8 +159,8 @@ impl Core {
         let traces = config
             .traces
             .then(|| EventTraces::new(config.fresh_event_cache));
-        let health = (config.disable_after_failures > 0 || config.operator_webhook.is_some())
-            .then(HealthReports::new);
+        let turn_reports = (config.disable_after_failures > 0 || config.operator_webhook.is_some())
+            .then(TurnReports::new);
         let admission = Arc::new(
             match (&stores.memory_log, &stores.outbox) {
                 (Some(log), _) => Admission::memory(
@@ -199,7 +199,7 @@ impl Core {
             wake,
             jobs,
             traces,
-            health,
+            turn_reports,
             replays: Replays::new(),
             pacer: Pacer::new(),
             process_id: uuid::Uuid::now_v7(),

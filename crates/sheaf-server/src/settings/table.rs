@@ -782,7 +782,7 @@ pub const CDC_HEARTBEAT_INTERVAL: Setting = setting(
 pub const LOG: Setting = setting(
     "SHEAF_LOG",
     Some("info"),
-    Kind::Text("e.g. `info`, `sheaf_server=debug,info`"),
+    Kind::Text("e.g. `info`, `sheaf_engine=debug,info`"),
     "Log filter for the service's own log lines (tracing `EnvFilter` syntax).",
 );
 /// `SHEAF_LOG_FORMAT`.

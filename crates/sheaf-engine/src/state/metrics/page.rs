@@ -105,7 +105,7 @@ impl Writer {
     }
 }
 
-/// Renders every metric in the Prometheus text format (version 0.0.4).
+/// Renders every metric in the Prometheus text format (version 0.0.4), section by section.
 pub fn render(
     sources: &MetricSources,
     depth: Option<QueueDepth>,
@@ -113,7 +113,27 @@ pub fn render(
 ) -> String {
     let m = &sources.service;
     let mut w = Writer(String::with_capacity(8 * 1024));
+    deliveries(&mut w, m);
+    queue_work(&mut w, m);
+    publishes(&mut w, m);
+    destination_health(&mut w, m);
+    jobs_and_payloads(&mut w, m);
+    cdc(&mut w, m);
+    if let Some(depth) = depth {
+        queue_depth(&mut w, depth);
+    }
+    lookups(&mut w, sources);
+    log_writes(&mut w, sources);
+    publish_commits(&mut w, sources);
+    pending_work(&mut w, sources);
+    if let Some(backlog) = backlog {
+        outbox(&mut w, backlog);
+    }
+    w.0
+}
 
+/// Jobs handled, attempts by destination type, and how long attempts took.
+fn deliveries(w: &mut Writer, m: &Metrics) {
     w.header(
         "sheaf_deliveries_total",
         "counter",
@@ -179,7 +199,10 @@ pub fn render(
         read(&m.latency_micros) as f64 / 1e6,
     );
     w.sample("sheaf_attempt_duration_seconds_count", "", count);
+}
 
+/// The claimer's, the completer's and housekeeping's work on the queue.
+fn queue_work(w: &mut Writer, m: &Metrics) {
     w.counter(
         "sheaf_retries_total",
         "Scheduled retry attempts made (attempts after the first; manual retries not included).",
@@ -240,6 +263,10 @@ pub fn render(
         "Job outcomes written by the completer.",
         read(&m.completer_outcomes),
     );
+}
+
+/// Publishes accepted and repeated, and the log shipper behind an outbox.
+fn publishes(w: &mut Writer, m: &Metrics) {
     w.counter(
         "sheaf_events_published_total",
         "Events accepted by publish.",
@@ -265,6 +292,10 @@ pub fn render(
         "Shipments the log store did not take; their records stayed in the outbox.",
         read(&m.shipment_failures),
     );
+}
+
+/// Destinations disabled and recovered, and the operator events about them.
+fn destination_health(w: &mut Writer, m: &Metrics) {
     w.counter(
         "sheaf_destinations_disabled_total",
         "Destinations disabled after SHEAF_DESTINATION_DISABLE_AFTER_FAILURES consecutive failed attempts.",
@@ -290,6 +321,10 @@ pub fn render(
         "Operator events that could not be published after retries.",
         read(&m.operator_event_failures),
     );
+}
+
+/// Jobs enqueued, and where first deliveries found their payload.
+fn jobs_and_payloads(w: &mut Writer, m: &Metrics) {
     w.counter(
         "sheaf_jobs_enqueued_total",
         "Jobs handed to the queue by publishes and manual retries.",
@@ -305,98 +340,109 @@ pub fn render(
         "First deliveries whose payload was read from the log store.",
         read(&m.fresh_cache_misses),
     );
+}
 
+/// The CDC source's counters, while it is enabled.
+fn cdc(w: &mut Writer, m: &Metrics) {
     let cdc = &m.cdc;
-    if cdc.state() != CdcState::Disabled {
-        w.counter(
-            "sheaf_cdc_changes_total",
-            "Row changes received from the replication slot.",
-            read(&cdc.changes),
-        );
-        w.counter(
-            "sheaf_cdc_changes_dropped_total",
-            "Changes of tables SHEAF_CDC_TENANTS does not cover (dropped, still acknowledged).",
-            read(&cdc.dropped),
-        );
-        w.counter(
-            "sheaf_cdc_events_published_total",
-            "Events the CDC source published for the first time.",
-            read(&cdc.events_published),
-        );
-        w.counter(
-            "sheaf_cdc_event_repeats_total",
-            "Changes whose event was already known (re-read after a restart): not published twice.",
-            read(&cdc.event_repeats),
-        );
-        w.counter(
-            "sheaf_cdc_acks_total",
-            "Messages acknowledged to the slot after their events were durable.",
-            read(&cdc.acks),
-        );
-        w.counter(
-            "sheaf_cdc_publish_failures_total",
-            "CDC publish attempts that failed; the message is retried, never skipped.",
-            read(&cdc.publish_failures),
-        );
-        w.counter(
-            "sheaf_cdc_restarts_total",
-            "Times the replication stream was started again after an error.",
-            read(&cdc.restarts),
-        );
-        w.header(
-            "sheaf_cdc_streaming",
-            "gauge",
-            "1 while the CDC source reads its slot, 0 otherwise.",
-        );
-        w.sample(
-            "sheaf_cdc_streaming",
-            "",
-            u8::from(cdc.state() == CdcState::Streaming),
-        );
-        w.header(
-            "sheaf_cdc_rows_in_flight",
-            "gauge",
-            "Rows read from the slot and not yet acknowledged.",
-        );
-        w.sample("sheaf_cdc_rows_in_flight", "", read(&cdc.rows_in_flight));
-        w.header(
-            "sheaf_cdc_last_ack_commit_timestamp_seconds",
-            "gauge",
-            "Commit time of the newest acknowledged change (Unix seconds); time() minus it is the lag while changes flow.",
-        );
-        w.sample(
-            "sheaf_cdc_last_ack_commit_timestamp_seconds",
-            "",
-            cdc.last_ack_commit_micros.load(Ordering::Relaxed) as f64 / 1e6,
-        );
+    if cdc.state() == CdcState::Disabled {
+        return;
     }
+    w.counter(
+        "sheaf_cdc_changes_total",
+        "Row changes received from the replication slot.",
+        read(&cdc.changes),
+    );
+    w.counter(
+        "sheaf_cdc_changes_dropped_total",
+        "Changes of tables SHEAF_CDC_TENANTS does not cover (dropped, still acknowledged).",
+        read(&cdc.dropped),
+    );
+    w.counter(
+        "sheaf_cdc_events_published_total",
+        "Events the CDC source published for the first time.",
+        read(&cdc.events_published),
+    );
+    w.counter(
+        "sheaf_cdc_event_repeats_total",
+        "Changes whose event was already known (re-read after a restart): not published twice.",
+        read(&cdc.event_repeats),
+    );
+    w.counter(
+        "sheaf_cdc_acks_total",
+        "Messages acknowledged to the slot after their events were durable.",
+        read(&cdc.acks),
+    );
+    w.counter(
+        "sheaf_cdc_publish_failures_total",
+        "CDC publish attempts that failed; the message is retried, never skipped.",
+        read(&cdc.publish_failures),
+    );
+    w.counter(
+        "sheaf_cdc_restarts_total",
+        "Times the replication stream was started again after an error.",
+        read(&cdc.restarts),
+    );
+    w.header(
+        "sheaf_cdc_streaming",
+        "gauge",
+        "1 while the CDC source reads its slot, 0 otherwise.",
+    );
+    w.sample(
+        "sheaf_cdc_streaming",
+        "",
+        u8::from(cdc.state() == CdcState::Streaming),
+    );
+    w.header(
+        "sheaf_cdc_rows_in_flight",
+        "gauge",
+        "Rows read from the slot and not yet acknowledged.",
+    );
+    w.sample("sheaf_cdc_rows_in_flight", "", read(&cdc.rows_in_flight));
+    w.header(
+        "sheaf_cdc_last_ack_commit_timestamp_seconds",
+        "gauge",
+        "Commit time of the newest acknowledged change (Unix seconds); time() minus it is the lag while changes flow.",
+    );
+    w.sample(
+        "sheaf_cdc_last_ack_commit_timestamp_seconds",
+        "",
+        cdc.last_ack_commit_micros.load(Ordering::Relaxed) as f64 / 1e6,
+    );
+}
 
-    if let Some(depth) = depth {
-        w.header(
-            "sheaf_queue_jobs",
-            "gauge",
-            "Jobs in the queue by state, read at scrape time.",
-        );
-        for (state, value) in [
-            ("due", depth.due),
-            ("scheduled", depth.scheduled),
-            ("claimed", depth.claimed),
-            ("dead_lettered", depth.dead_lettered),
-        ] {
-            w.sample("sheaf_queue_jobs", &format!("state=\"{state}\""), value);
-        }
+/// The queue's jobs by state, read at scrape time.
+fn queue_depth(w: &mut Writer, depth: QueueDepth) {
+    w.header(
+        "sheaf_queue_jobs",
+        "gauge",
+        "Jobs in the queue by state, read at scrape time.",
+    );
+    for (state, value) in [
+        ("due", depth.due),
+        ("scheduled", depth.scheduled),
+        ("claimed", depth.claimed),
+        ("dead_lettered", depth.dead_lettered),
+    ] {
+        w.sample("sheaf_queue_jobs", &format!("state=\"{state}\""), value);
     }
+}
 
+/// The coalesced lookups: retries' latest attempts and event payloads.
+fn lookups(w: &mut Writer, sources: &MetricSources) {
     let retry = sources.retry_lookup.snapshot();
     w.lookup(
         "sheaf_retry_lookup",
         "retries' latest attempts",
         &retry,
-        Some(read(&m.retry_lookups)),
+        Some(read(&sources.service.retry_lookups)),
     );
     let event = sources.event_lookup.snapshot();
     w.lookup("sheaf_event_lookup", "event payloads and ids", &event, None);
+}
 
+/// The write coalescer in front of the log store.
+fn log_writes(w: &mut Writer, sources: &MetricSources) {
     let write = sources.log_write.snapshot();
     w.counter(
         "sheaf_log_writes_total",
@@ -428,6 +474,10 @@ pub fn render(
         "Time log store writes spent waiting for more rows (SHEAF_LOG_WRITE_MAX_WAIT windows); divided by writes, the mean wait.",
         write.write_wait,
     );
+}
+
+/// The outbox's group commit of publishes.
+fn publish_commits(w: &mut Writer, sources: &MetricSources) {
     let commit = sources.publish_commit.snapshot();
     w.counter(
         "sheaf_publish_commits_total",
@@ -444,6 +494,10 @@ pub fn render(
         "Outbox statements of publishes that failed.",
         commit.failed_writes,
     );
+}
+
+/// The pending-work bound and what it refused.
+fn pending_work(w: &mut Writer, sources: &MetricSources) {
     let usage = sources.admission.usage();
     w.gauge(
         "sheaf_pending_events",
@@ -478,32 +532,33 @@ pub fn render(
             .as_ref()
             .map_or(0, |queue| queue.dead_letters_dropped()),
     );
-    if let Some(backlog) = backlog {
-        w.gauge(
-            "sheaf_outbox_events",
-            "Events in the outbox, not yet in the log store.",
-            backlog.events,
-        );
-        w.gauge(
-            "sheaf_outbox_attempts",
-            "Attempts in the outbox, not yet in the log store.",
-            backlog.attempts,
-        );
-        let age = backlog.oldest.map_or(0.0, |oldest| {
-            Timestamp::now()
-                .as_datetime()
-                .signed_duration_since(oldest.as_datetime())
-                .num_milliseconds()
-                .max(0) as f64
-                / 1000.0
-        });
-        w.gauge(
-            "sheaf_outbox_oldest_seconds",
-            "Age of the oldest record waiting for the log store; 0 when none waits.",
-            age,
-        );
-    }
-    w.0
+}
+
+/// What waits in the outbox for the log store.
+fn outbox(w: &mut Writer, backlog: OutboxBacklog) {
+    w.gauge(
+        "sheaf_outbox_events",
+        "Events in the outbox, not yet in the log store.",
+        backlog.events,
+    );
+    w.gauge(
+        "sheaf_outbox_attempts",
+        "Attempts in the outbox, not yet in the log store.",
+        backlog.attempts,
+    );
+    let age = backlog.oldest.map_or(0.0, |oldest| {
+        Timestamp::now()
+            .as_datetime()
+            .signed_duration_since(oldest.as_datetime())
+            .num_milliseconds()
+            .max(0) as f64
+            / 1000.0
+    });
+    w.gauge(
+        "sheaf_outbox_oldest_seconds",
+        "Age of the oldest record waiting for the log store; 0 when none waits.",
+        age,
+    );
 }
 
 /// Reads one sample's value from a Prometheus text page (for tests and tools).

@@ -2,8 +2,8 @@
 //! destination health and operator events: which destination, whether an attempt succeeded, and
 //! whether the delivery was dead-lettered.
 //!
-//! The completer sends one batch of [`Report`]s per flush, after the flush's outcomes are
-//! written, on a bounded channel ([`HealthReports`]); the process's health task (`health.rs` at
+//! The completer sends one batch of [`TurnReport`]s per flush, after the flush's outcomes are
+//! written, on a bounded channel ([`TurnReports`]); the destination health task (`health.rs` at
 //! the crate's root) turns them into one entity-store call and the operator events. The channel
 //! exists only when something consumes it: `SHEAF_DESTINATION_DISABLE_AFTER_FAILURES` above 0 or
 //! `SHEAF_OPERATOR_WEBHOOK_URL` set; otherwise the engine builds no reports at all.
@@ -23,7 +23,7 @@ pub const OPERATOR_TENANT: &str = "_sheaf";
 
 /// One finished delivery turn.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub struct TurnReport {
     /// The delivery's tenant.
     pub tenant_id: TenantId,
     /// Its destination.
@@ -41,16 +41,16 @@ pub struct Report {
 
 /// The completer's end of the channel, and the health task's end until it takes it.
 #[derive(Debug)]
-pub struct HealthReports {
-    sender: mpsc::Sender<Vec<Report>>,
-    receiver: Mutex<Option<mpsc::Receiver<Vec<Report>>>>,
+pub struct TurnReports {
+    sender: mpsc::Sender<Vec<TurnReport>>,
+    receiver: Mutex<Option<mpsc::Receiver<Vec<TurnReport>>>>,
 }
 
-impl HealthReports {
+impl TurnReports {
     /// A new channel.
     pub fn new() -> Self {
         let (sender, receiver) = mpsc::channel(CHANNEL_BATCHES);
-        HealthReports {
+        TurnReports {
             sender,
             receiver: Mutex::new(Some(receiver)),
         }
@@ -58,14 +58,14 @@ impl HealthReports {
 
     /// Sends a batch, waiting while the channel is full; a batch sent after the health task
     /// stopped (at shutdown) is dropped.
-    pub async fn send(&self, reports: Vec<Report>) {
+    pub async fn send(&self, reports: Vec<TurnReport>) {
         if !reports.is_empty() {
             let _ = self.sender.send(reports).await;
         }
     }
 
     /// The receiving end, once.
-    pub fn take_receiver(&self) -> Option<mpsc::Receiver<Vec<Report>>> {
+    pub fn take_receiver(&self) -> Option<mpsc::Receiver<Vec<TurnReport>>> {
         self.receiver
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -73,7 +73,7 @@ impl HealthReports {
     }
 }
 
-impl Default for HealthReports {
+impl Default for TurnReports {
     fn default() -> Self {
         Self::new()
     }
