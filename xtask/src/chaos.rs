@@ -212,17 +212,27 @@ fn build() -> anyhow::Result<Option<Bins>> {
         return Ok(None);
     }
     let built = target_dir().join("debug");
-    let own = std::env::current_exe().context("cannot find the xtask binary")?;
     let bins = Bins {
-        sheaf: copy_binary(&built.join("sheaf"))?,
-        chaos: copy_binary(&built.join("sheaf-chaos"))?,
-        ctl: copy_binary(&own)?,
+        sheaf: copy_binary(&built.join("sheaf"), "sheaf")?,
+        chaos: copy_binary(&built.join("sheaf-chaos"), "sheaf-chaos")?,
+        ctl: copy_binary(&own_binary()?, "xtask")?,
     };
     Ok(Some(bins))
 }
 
-fn copy_binary(from: &Path) -> anyhow::Result<PathBuf> {
-    let name = from.file_name().context("a binary has a file name")?;
+/// This process's own binary. A workspace build earlier in the same `cargo xtask test` may have
+/// relinked `target/debug/xtask` (its sheaf-testenv dependency built with the features the
+/// whole workspace unifies), which leaves `current_exe()` naming a deleted file; on Linux
+/// `/proc/self/exe` still reads the binary this process runs.
+fn own_binary() -> anyhow::Result<PathBuf> {
+    let proc_exe = PathBuf::from("/proc/self/exe");
+    if proc_exe.exists() {
+        return Ok(proc_exe);
+    }
+    std::env::current_exe().context("cannot find the xtask binary")
+}
+
+fn copy_binary(from: &Path, name: &str) -> anyhow::Result<PathBuf> {
     let to = bin_dir().join(name);
     // Removing first gives the copy a new inode, so a process still running the old one is
     // not in the way ("text file busy").
