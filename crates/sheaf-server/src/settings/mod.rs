@@ -3,10 +3,6 @@
 //!
 //! This folder is the bottom layer of the crate: it names nothing else of it.
 //!
-//! Longer than 600 lines because [`Config`] has a field for every setting and its loading one
-//! line for each, beside the checks that involve several settings at once; split, a setting's
-//! field, its parsing and its cross-checks would live in different files.
-//!
 //! - [`table`]: each setting once, with its default, meaning and [`Kind`] (its bounds as a
 //!   value). The parser, the validation messages, `sheaf --help` and the generated table in
 //!   `docs/configuration.md` all come from it, so a setting cannot exist without its name,
