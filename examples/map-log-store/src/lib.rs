@@ -2,7 +2,8 @@
 //!
 //! It depends on `sheaf-store` alone (and `async-trait`, which the trait is declared with), and
 //! its tests run the same suites as the memory, Postgres and ClickHouse backends:
-//! `sheaf_store::testkit::conformance::run_log_store` and the parity property. That is the proof
+//! `sheaf_store::testkit::conformance::run_all` (with `sheaf-memory`'s queue and entity store
+//! beside this log store) and the parity property. That is the proof
 //! that a new backend needs nothing from inside the workspace: the traits say what to guarantee,
 //! the suites check it.
 //!
