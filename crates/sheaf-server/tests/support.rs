@@ -1,6 +1,6 @@
 //! Test support: a service started in-process, the real `sheaf` binary as a child process (the
-//! shared [`SheafProcess`] with these tests' defaults), and a small JSON client. The webhook
-//! receiver the tests deliver to is `sheaf_testenv::receiver::Receiver`.
+//! shared [`SheafProcess`] with these tests' defaults), and the shared API client pinned to one
+//! server. The webhook receiver the tests deliver to is `sheaf_testenv::receiver::Receiver`.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sheaf_server::{Config, Running};
+use sheaf_testenv::api::Api;
 use sheaf_testenv::process::{SheafCommand, SheafProcess};
 
 /// Settings every in-process test server gets: an ephemeral loopback port, loopback receivers
@@ -39,12 +40,12 @@ pub async fn start_server(env: HashMap<String, String>) -> Running {
     sheaf_server::start(config).await.expect("server starts")
 }
 
-/// A JSON client for one server.
+/// The shared API client (`sheaf_testenv::api::Api`) pinned to one server, with the panics a
+/// test wants: a request that gets no answer fails the test, naming the request.
 #[derive(Clone)]
 pub struct Client {
     pub base: String,
-    http: reqwest::Client,
-    key: Option<String>,
+    api: Api,
 }
 
 /// A response: status and body (JSON when it parses, else a string).
@@ -64,40 +65,34 @@ impl Client {
     pub fn new(addr: SocketAddr) -> Self {
         Self {
             base: format!("http://{addr}"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-            key: None,
+            api: Api::new(Duration::from_secs(30)).expect("an HTTP client"),
         }
     }
 
     pub fn with_key(mut self, key: &str) -> Self {
-        self.key = Some(key.to_owned());
+        self.api = self.api.with_key(key);
         self
     }
 
+    fn method(method: &str) -> reqwest::Method {
+        reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method")
+    }
+
     pub async fn send(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
-        let raw = body.map(|b| serde_json::to_vec(&b).unwrap());
-        self.send_raw(method, path, raw).await
+        let (status, body) = self
+            .api
+            .call(Self::method(method), &self.base, path, body.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path} got no answer: {e:#}"));
+        Answer { status, body }
     }
 
     pub async fn send_raw(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Answer {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(key) = &self.key {
-            request = request.bearer_auth(key);
-        }
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body);
-        }
-        let response = request.send().await.expect("request reaches the server");
-        let status = response.status().as_u16();
-        let bytes = response.bytes().await.unwrap_or_default();
-        let body = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        let (status, body) = self
+            .api
+            .call_raw(Self::method(method), &self.base, path, body)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path} got no answer: {e:#}"));
         Answer { status, body }
     }
 
@@ -105,19 +100,12 @@ impl Client {
         self.send("GET", path, None).await
     }
 
-    pub async fn text(&self, path: &str) -> String {
-        match self.get(path).await.body {
-            Value::String(s) => s,
-            other => other.to_string(),
-        }
-    }
-
     /// Creates the tenant and a webhook destination for every topic; returns the destination.
     pub async fn tenant_with_destination(&self, tenant: &str, url: &str) -> Value {
-        let put = self
-            .send("PUT", &format!("/api/v1/tenants/{tenant}"), None)
-            .await;
-        assert!(put.status == 201 || put.status == 200, "{put:?}");
+        self.api
+            .tenant(&self.base, tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let created = self
             .send(
                 "POST",
@@ -130,15 +118,15 @@ impl Client {
     }
 
     pub async fn publish(&self, tenant: &str, id: &str, data: Value) -> Answer {
-        self.send(
-            "POST",
-            "/api/v1/publish",
-            Some(json!({ "tenant_id": tenant, "topic": "order.created", "data": data, "id": id })),
-        )
-        .await
+        let (status, body) = self
+            .api
+            .publish(&self.base, tenant, "order.created", id, &data)
+            .await
+            .unwrap_or_else(|e| panic!("publish of {id} got no answer: {e:#}"));
+        Answer { status, body }
     }
 
-    /// Every attempt of one event, following `next` cursors.
+    /// Every attempt of one event, following `next` cursors over pages of two.
     pub async fn attempts_of(&self, tenant: &str, event: &str) -> Vec<Value> {
         self.every_item(&format!(
             "/api/v1/tenants/{tenant}/attempts?event_id={event}&limit=2"
@@ -146,29 +134,21 @@ impl Client {
         .await
     }
 
-    /// Every item of a listing (`path` with its query, which must have one), following `next`
-    /// cursors for at most 100 pages.
+    /// Every item of a listing (`path` with its query), following `next` cursors.
     pub async fn every_item(&self, path: &str) -> Vec<Value> {
-        let mut items = Vec::new();
-        let mut next: Option<String> = None;
-        for _ in 0..100 {
-            let page = match &next {
-                Some(cursor) => self.get(&format!("{path}&next={cursor}")).await,
-                None => self.get(path).await,
-            };
-            assert_eq!(page.status, 200, "{page:?}");
-            items.extend(page.body["items"].as_array().cloned().unwrap_or_default());
-            match page.body["next"].as_str() {
-                Some(cursor) => next = Some(cursor.to_owned()),
-                None => break,
-            }
-        }
-        items
+        self.api
+            .list_all(&self.base, path)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
-    /// A sample from `/metrics`.
+    /// A sample from `/metrics` (0 when the page has none of that name).
     pub async fn metric(&self, name: &str) -> f64 {
-        let page = self.text("/metrics").await;
+        let page = self
+            .api
+            .metrics(&self.base)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         sheaf_engine::metrics::sample_value(&page, name).unwrap_or(0.0)
     }
 }

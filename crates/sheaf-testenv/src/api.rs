@@ -1,7 +1,8 @@
 //! A client for Sheaf's HTTP API, for everything that drives a running `sheaf` from outside:
 //! the benchmarks, the fault suite and the server's tests. One [`Api`] talks to any number of
 //! processes (each call names the process by its base URL, `http://127.0.0.1:PORT`), with no
-//! API key: the processes a harness starts listen on loopback.
+//! API key unless [`Api::with_key`] gives one: the processes a harness starts listen on
+//! loopback, and the server's tests of authentication set keys of their own.
 //!
 //! Each call is one request and says what it expects back; an answer it does not expect is an
 //! error that names the call, the status and the body, so a failed setup step says which step
@@ -19,6 +20,8 @@ use serde_json::{Value, json};
 #[derive(Debug, Clone)]
 pub struct Api {
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer …` on every request when set.
+    key: Option<String>,
 }
 
 /// The body of one publish: `data` as event `id` of `tenant` on `topic`.
@@ -29,14 +32,29 @@ pub fn publish_body(tenant: &str, topic: &str, id: &str, data: &Value) -> Value 
 impl Api {
     /// A client whose requests give up after `timeout`.
     pub fn new(timeout: Duration) -> anyhow::Result<Self> {
-        Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
-        })
+        Ok(Self::with_client(
+            reqwest::Client::builder().timeout(timeout).build()?,
+        ))
     }
 
     /// A client over `http`, for a caller that sizes its connection pool itself.
     pub fn with_client(http: reqwest::Client) -> Self {
-        Self { http }
+        Self { http, key: None }
+    }
+
+    /// This client, sending `key` as the bearer token of every request (a server started with
+    /// `SHEAF_API_KEY`, or a tenant's token for the portal's API).
+    pub fn with_key(mut self, key: &str) -> Self {
+        self.key = Some(key.to_owned());
+        self
+    }
+
+    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url);
+        match &self.key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
     }
 
     async fn send(
@@ -45,11 +63,21 @@ impl Api {
         url: String,
         body: Option<&Value>,
     ) -> anyhow::Result<(u16, Value)> {
-        let mut request = self.http.request(method, url);
+        let body = body.map(serde_json::to_vec).transpose()?;
+        self.send_bytes(method, url, body).await
+    }
+
+    async fn send_bytes(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut request = self.request(method, url);
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")
-                .body(serde_json::to_vec(body)?);
+                .body(body);
         }
         let response = request.send().await?;
         let status = response.status().as_u16();
@@ -69,6 +97,18 @@ impl Api {
         body: Option<&Value>,
     ) -> anyhow::Result<(u16, Value)> {
         self.send(method, format!("{base}{path}"), body).await
+    }
+
+    /// [`Api::call`] with a body sent as it is (labelled JSON whatever it holds), for the
+    /// checks of what the server makes of malformed or oversized input.
+    pub async fn call_raw(
+        &self,
+        method: reqwest::Method,
+        base: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<(u16, Value)> {
+        self.send_bytes(method, format!("{base}{path}"), body).await
     }
 
     /// Creates (or keeps) `tenant`.
@@ -170,8 +210,7 @@ impl Api {
     ) -> anyhow::Result<(u16, Option<u64>)> {
         let body = publish_body(tenant, topic, id, data);
         let response = self
-            .http
-            .post(format!("{base}/api/v1/publish"))
+            .request(reqwest::Method::POST, format!("{base}/api/v1/publish"))
             .header("content-type", "application/json")
             .body(serde_json::to_vec(&body)?)
             .send()
@@ -200,8 +239,7 @@ impl Api {
     ) -> anyhow::Result<u16> {
         let body = publish_body(tenant, topic, id, data);
         let response = self
-            .http
-            .post(publish_url)
+            .request(reqwest::Method::POST, publish_url.to_owned())
             .header("content-type", "application/json")
             .body(serde_json::to_vec(&body)?)
             .send()
@@ -227,14 +265,21 @@ impl Api {
         }
     }
 
-    /// Every item of a listing (`/api/v1/tenants/{t}/events` or `…/attempts`), following cursors.
+    /// Every item of a listing (`/api/v1/tenants/{t}/events` or `…/attempts`, with any filters
+    /// in its query), following cursors; pages of 1,000 unless the query sets a `limit` (a test
+    /// of pagination walks small pages).
     pub async fn list_all(&self, base: &str, path: &str) -> anyhow::Result<Vec<Value>> {
         let mut items = Vec::new();
         let mut next: Option<String> = None;
-        // At most 1,000 pages of 1,000: far beyond any harness's size.
+        let query = path.split_once('?').map_or("", |(_, query)| query);
+        let sets_limit = query.split('&').any(|pair| pair.starts_with("limit="));
+        // At most 1,000 pages (of 1,000 items unless the path sets less): beyond any harness.
         for _ in 0..1_000 {
-            let separator = if path.contains('?') { '&' } else { '?' };
-            let mut url = format!("{base}{path}{separator}limit=1000");
+            let mut url = format!("{base}{path}");
+            if !sets_limit {
+                url.push(if path.contains('?') { '&' } else { '?' });
+                url.push_str("limit=1000");
+            }
             if let Some(cursor) = &next {
                 url.push_str(&format!("&next={cursor}"));
             }
@@ -248,6 +293,6 @@ impl Api {
                 None => return Ok(items),
             }
         }
-        bail!("{path} has more than a million items")
+        bail!("{path} has more than 1,000 pages")
     }
 }
