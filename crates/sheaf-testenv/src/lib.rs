@@ -111,6 +111,19 @@ pub const CHAOS_DIR_VAR: &str = "SHEAF_CHAOS_DIR";
 /// The prefix of every variable the `sheaf` binary reads.
 pub const SHEAF_ENV_PREFIX: &str = "SHEAF_";
 
+/// Sends SIGTERM to `pid` with the `kill` utility and returns at once: how every child a
+/// harness started (a broker, a `sheaf` process) is asked to stop gracefully.
+#[cfg(any(feature = "brokers", feature = "process"))]
+pub(crate) fn sigterm(pid: u32) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .context("cannot run kill")?;
+    anyhow::ensure!(status.success(), "kill -TERM {pid} failed ({status})");
+    Ok(())
+}
+
 /// Whether we run under CI, where every server must be present.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))

@@ -271,15 +271,7 @@ impl SheafProcess {
 
     /// Sends SIGTERM (by PID, with the `kill` utility) and returns at once.
     pub fn terminate(&self) -> anyhow::Result<()> {
-        let pid = self.pid().to_string();
-        let status = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .context("cannot run kill")?;
-        if !status.success() {
-            bail!("kill -TERM {pid} failed ({status})");
-        }
-        Ok(())
+        crate::sigterm(self.pid())
     }
 
     /// Waits (at most `timeout`) for it to exit after [`terminate`](Self::terminate); kills it

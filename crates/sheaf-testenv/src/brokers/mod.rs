@@ -22,7 +22,7 @@ pub mod launch;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -90,14 +90,7 @@ fn terminate(child: &mut Child, grace: Duration) -> anyhow::Result<()> {
     if child.try_wait()?.is_some() {
         return Ok(());
     }
-    let pid = child.id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .context("cannot run kill")?;
-    if !status.success() {
-        bail!("kill -TERM {pid} failed ({status})");
-    }
+    crate::sigterm(child.id())?;
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if child.try_wait()?.is_some() {
