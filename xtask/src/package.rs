@@ -64,6 +64,13 @@ pub fn run(verify: Verify) -> anyhow::Result<bool> {
     if verify == Verify::No {
         package.arg("--no-verify");
     }
+    // The verification builds each `.crate` as a workspace of its own, so the root manifest's
+    // `[profile.dev]` (no debug info for dependencies) does not reach it, and its dependencies
+    // are compiled again with their own features. Those builds are only checked to compile:
+    // debug info and incremental state would be written for nothing, and cost minutes here.
+    package
+        .env("CARGO_PROFILE_DEV_DEBUG", "false")
+        .env("CARGO_INCREMENTAL", "0");
     package.args(&selected);
     let packaged = run_step(&mut package)?;
 
