@@ -370,6 +370,7 @@ impl Metrics {
 }
 
 mod docs;
+mod families;
 mod page;
 pub use docs::metric_table;
 pub use page::{render, sample_value};
