@@ -149,7 +149,7 @@ pub(super) const JOBS_RELEASED_TOTAL: Family = counter(
 );
 pub(super) const COMPLETER_STATEMENTS_TOTAL: Family = counter(
     "sheaf_completer_statements_total",
-    "Queue statements written by the completer (complete, reschedule, dead-letter, release).",
+    "Statements the completer wrote to the queue: one per kind of outcome (complete, reschedule, dead-letter) in each flush, or with an outbox one settlement per flush, attempts included.",
 );
 pub(super) const COMPLETER_OUTCOMES_TOTAL: Family = counter(
     "sheaf_completer_outcomes_total",
@@ -159,7 +159,7 @@ pub(super) const COMPLETER_OUTCOMES_TOTAL: Family = counter(
 // Publishes accepted and repeated, and the log shipper behind an outbox (`publishes` in page.rs).
 pub(super) const EVENTS_PUBLISHED_TOTAL: Family = counter(
     "sheaf_events_published_total",
-    "Events accepted by publish.",
+    "New events accepted by publish: HTTP, CDC and operator events alike.",
 );
 pub(super) const PUBLISH_REPEATS_TOTAL: Family = counter(
     "sheaf_publish_repeats_total",
@@ -203,7 +203,7 @@ pub(super) const OPERATOR_EVENT_FAILURES_TOTAL: Family = counter(
 // Jobs enqueued, and where first deliveries found their payload (`jobs_and_payloads` in page.rs).
 pub(super) const JOBS_ENQUEUED_TOTAL: Family = counter(
     "sheaf_jobs_enqueued_total",
-    "Jobs handed to the queue by publishes and manual retries.",
+    "Jobs handed to the queue by publishes (HTTP, CDC and operator events), manual retries and replays.",
 );
 pub(super) const FRESH_EVENT_CACHE_HITS_TOTAL: Family = counter(
     "sheaf_fresh_event_cache_hits_total",
