@@ -168,7 +168,7 @@ pub struct Metrics {
     pub attempts_shipped: AtomicU64,
     /// Shipments that failed (the log store refused or was unreachable); their records stayed.
     pub shipment_failures: AtomicU64,
-    /// Jobs enqueued by publishes and manual retries.
+    /// Jobs enqueued by publishes, manual retries and replays.
     pub jobs_enqueued: AtomicU64,
     /// First deliveries whose payload came from the fresh-event cache.
     pub fresh_cache_hits: AtomicU64,
