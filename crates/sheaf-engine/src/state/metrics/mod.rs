@@ -1,4 +1,5 @@
-//! The service's counters and their Prometheus text form, written by hand from atomics.
+//! The service's counters and their Prometheus text form, written by hand from atomics; each
+//! metric family's name, type and help text is declared once, in `families.rs`.
 //!
 //! Counters only grow. The queue depth is read from the queue at scrape time, and the
 //! coalescers' own counters ([`CoalesceMetrics`]) are read from their snapshots, so nothing
@@ -13,7 +14,7 @@ use sheaf_coalesce::CoalesceMetrics;
 /// How a job's turn with a worker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryOutcome {
-    /// The destination answered 2xx.
+    /// The destination took the delivery (any type: a webhook's 2xx, a broker's acknowledgement).
     Success,
     /// The attempt failed and the job was rescheduled.
     Failed,
@@ -137,7 +138,7 @@ pub struct Metrics {
     pub lease_renewals: AtomicU64,
     /// Leases found lost (another process owns the job now).
     pub leases_lost: AtomicU64,
-    /// Claim queries and the jobs they returned.
+    /// Claim queries issued by the dispatcher.
     pub claims: AtomicU64,
     /// Jobs claimed.
     pub jobs_claimed: AtomicU64,
@@ -152,7 +153,8 @@ pub struct Metrics {
     pub queue_processes: AtomicU64,
     /// Jobs released unstarted at shutdown.
     pub jobs_released: AtomicU64,
-    /// Completer flushes (one per kind of outcome present) and the outcomes they carried.
+    /// Statements the completer wrote: one per kind of outcome in a flush, or one settlement
+    /// per flush with an outbox.
     pub completer_statements: AtomicU64,
     /// Outcomes written by the completer.
     pub completer_outcomes: AtomicU64,
@@ -166,7 +168,7 @@ pub struct Metrics {
     pub attempts_shipped: AtomicU64,
     /// Shipments that failed (the log store refused or was unreachable); their records stayed.
     pub shipment_failures: AtomicU64,
-    /// Jobs enqueued by publishes and manual retries.
+    /// Jobs enqueued by publishes, manual retries and replays.
     pub jobs_enqueued: AtomicU64,
     /// First deliveries whose payload came from the fresh-event cache.
     pub fresh_cache_hits: AtomicU64,
@@ -370,6 +372,7 @@ impl Metrics {
 }
 
 mod docs;
+mod families;
 mod page;
 pub use docs::metric_table;
 pub use page::{render, sample_value};
