@@ -1,0 +1,108 @@
+//! Sheaf's LogStore, JobQueue and EntityStore on one SQLite file: a durable embedded backend.
+#![doc = include_str!("../README.md")]
+
+mod db;
+mod error;
+mod log;
+mod migrate;
+mod options;
+mod writer;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sheaf_store::LogStore;
+use sqlx::sqlite::{SqliteAutoVacuum, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{Connection, SqliteConnection};
+
+pub use error::SqliteError;
+pub use log::SqliteLogStore;
+pub use options::{SqliteOptions, Synchronous};
+
+use crate::db::Db;
+use crate::writer::Writer;
+
+/// The stores over one SQLite file: one writer connection behind a write coalescer, and a pool
+/// of read-only connections.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    db: Db,
+    log: SqliteLogStore,
+}
+
+impl SqliteStore {
+    /// Opens (creating it if needed) the database file at `path` in WAL mode, applies the
+    /// migrations it lacks, and starts the writer. The directory must exist. Must be called
+    /// inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`SqliteError::InvalidOption`] for options that cannot work, [`SqliteError::Open`] when the
+    /// file cannot be opened or is not a database, [`SqliteError::Migrate`] and
+    /// [`SqliteError::TooNew`] when its schema cannot be brought to this build's.
+    pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, SqliteError> {
+        let path = path.as_ref().to_owned();
+        options.validate()?;
+        let opening = |source| SqliteError::Open {
+            path: path.clone(),
+            source,
+        };
+        // The writer opens first: it creates the file, switches it to WAL (a setting of the file,
+        // so the readers find it on) and migrates it before any reader looks. Incremental
+        // auto-vacuum must be chosen before the first table exists; it lets the store hand freed
+        // pages back to the file system a batch at a time instead of rewriting the whole file.
+        let write_options = options
+            .connect(&path)
+            .create_if_missing(true)
+            .auto_vacuum(SqliteAutoVacuum::Incremental)
+            .journal_mode(SqliteJournalMode::Wal);
+        let mut connection = SqliteConnection::connect_with(&write_options)
+            .await
+            .map_err(opening)?;
+        migrate::run(&mut connection, &path).await?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(options.readers)
+            .min_connections(0)
+            .connect_with(options.connect(&path).read_only(true))
+            .await
+            .map_err(opening)?;
+        let writer = Writer::start(connection, options.write)
+            .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
+        let db = Db::new(readers, writer, path);
+        Ok(SqliteStore {
+            log: SqliteLogStore::new(db.clone()),
+            db,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.db.path
+    }
+
+    /// The log store, as the service uses it.
+    pub fn log_store(&self) -> Arc<dyn LogStore> {
+        Arc::new(self.log.clone())
+    }
+
+    /// The log store with its concrete type.
+    pub fn sqlite_log_store(&self) -> &SqliteLogStore {
+        &self.log
+    }
+
+    /// Commits what is queued, stops the writer, and closes every connection. Later calls on any
+    /// of the stores fail as `Unavailable`.
+    pub async fn close(&self) {
+        self.db.writer.close().await;
+        self.db.readers.close().await;
+    }
+
+    /// The pool of read-only connections, for tests that inspect the file.
+    pub fn readers(&self) -> &SqlitePool {
+        &self.db.readers
+    }
+
+    /// The schema version this build migrates files to.
+    pub fn schema_version() -> i64 {
+        migrate::LATEST
+    }
+}

@@ -1,0 +1,91 @@
+//! [`SqliteOptions`]: how durable each flush is, how many readers, and the writer's bounds.
+
+use std::time::Duration;
+
+use sheaf_coalesce::WriteConfig;
+
+use crate::SqliteError;
+
+/// When a committed flush reaches the disk: SQLite's `synchronous` setting in WAL mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// `synchronous=NORMAL`: a commit is written to the WAL file but not fsynced; the WAL is
+    /// fsynced at each checkpoint. A process crash (kill -9) loses nothing committed, because the
+    /// operating system still holds the write; a power loss or kernel crash may lose the last
+    /// flushes, never corrupt the file.
+    #[default]
+    Normal,
+    /// `synchronous=FULL`: every commit fsyncs the WAL, so a committed flush survives a power
+    /// loss too, at the cost of one fsync per flush.
+    Full,
+}
+
+impl Synchronous {
+    fn to_sqlx(self) -> sqlx::sqlite::SqliteSynchronous {
+        match self {
+            Synchronous::Normal => sqlx::sqlite::SqliteSynchronous::Normal,
+            Synchronous::Full => sqlx::sqlite::SqliteSynchronous::Full,
+        }
+    }
+}
+
+/// How [`SqliteStore::open`](crate::SqliteStore::open) opens the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// When a commit reaches the disk.
+    pub synchronous: Synchronous,
+    /// Read-only connections for lookups, listings and searches (1 to 64). Reads in WAL mode
+    /// never wait for the writer, so more readers than cores only adds threads.
+    pub readers: u32,
+    /// How long a connection waits for a lock another one holds before failing as
+    /// `Unavailable`. With one writer only checkpoints and other processes take locks.
+    pub busy_timeout: Duration,
+    /// The write coalescer's bounds: every write of every store is one operation in a flush, and
+    /// each flush is one transaction. `max_records` counts operations.
+    pub write: WriteConfig,
+}
+
+impl Default for SqliteOptions {
+    /// - `synchronous`: [`Synchronous::Normal`], WAL's usual pairing (see there).
+    /// - `readers`: 4, two per core on the 2-core machine the suites and benches run on.
+    /// - `busy_timeout`: 5 s, the driver's default.
+    /// - `write`: at most 1,024 operations and 16 MiB per flush, no added wait (`max_wait` 0):
+    ///   the worker writes what queued while the previous flush ran, so an idle store commits
+    ///   each write at once and a busy one commits many per transaction, as group commit does.
+    fn default() -> Self {
+        SqliteOptions {
+            synchronous: Synchronous::Normal,
+            readers: 4,
+            busy_timeout: Duration::from_secs(5),
+            write: WriteConfig {
+                max_records: 1024,
+                max_bytes: 16 * 1024 * 1024,
+                max_wait: Duration::ZERO,
+                queue_depth: 1024,
+            },
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// [`SqliteError::InvalidOption`] naming the first field that cannot work.
+    pub fn validate(&self) -> Result<(), SqliteError> {
+        if !(1..=64).contains(&self.readers) {
+            return Err(SqliteError::InvalidOption(format!(
+                "readers must be 1 to 64, got {}",
+                self.readers
+            )));
+        }
+        self.write
+            .validate()
+            .map_err(|e| SqliteError::InvalidOption(e.to_string()))
+    }
+
+    pub(crate) fn connect(&self, path: &std::path::Path) -> sqlx::sqlite::SqliteConnectOptions {
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(self.busy_timeout)
+            .synchronous(self.synchronous.to_sqlx())
+            .foreign_keys(true)
+    }
+}

@@ -1,0 +1,47 @@
+//! The shared conformance and parity suites, run as every backend runs them, each on a file of
+//! its own.
+
+use std::sync::Arc;
+
+use sheaf_store::LogStore;
+use sheaf_store::testkit::{conformance, parity};
+
+use crate::support::TestDb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_log_store() {
+    let db = TestDb::new("log").await;
+    conformance::run_log_store(&*db.store.log_store()).await;
+    db.store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parity_of_the_sqlite_log_store() {
+    let db = TestDb::new("parity").await;
+    let store: Arc<dyn LogStore> = db.store.log_store();
+    parity::run(store, &parity::ParityConfig::from_env(), &[]).await;
+    db.store.close().await;
+}
+
+/// Each key of a batched latest-attempt lookup is one probe of `attempts_latest`, not a scan.
+#[tokio::test]
+async fn the_latest_attempt_lookup_probes_the_index() {
+    let db = TestDb::new("plan").await;
+    let plan = db
+        .store
+        .sqlite_log_store()
+        .explain_latest_attempts()
+        .await
+        .expect("explain");
+    let text = plan.join("\n");
+    assert!(
+        text.contains("USING INDEX attempts_latest")
+            || text.contains("USING COVERING INDEX attempts_latest"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("SCAN a\n") && !text.contains("SCAN l"),
+        "{text}"
+    );
+    db.store.close().await;
+}
