@@ -2,6 +2,7 @@
 #![doc = include_str!("../README.md")]
 
 mod db;
+mod entity;
 mod error;
 mod log;
 mod migrate;
@@ -11,10 +12,11 @@ mod writer;
 use std::path::Path;
 use std::sync::Arc;
 
-use sheaf_store::LogStore;
+use sheaf_store::{EntityStore, LogStore};
 use sqlx::sqlite::{SqliteAutoVacuum, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection};
 
+pub use entity::SqliteEntityStore;
 pub use error::SqliteError;
 pub use log::SqliteLogStore;
 pub use options::{SqliteOptions, Synchronous};
@@ -28,6 +30,7 @@ use crate::writer::Writer;
 pub struct SqliteStore {
     db: Db,
     log: SqliteLogStore,
+    entities: SqliteEntityStore,
 }
 
 impl SqliteStore {
@@ -70,6 +73,7 @@ impl SqliteStore {
         let db = Db::new(readers, writer, path);
         Ok(SqliteStore {
             log: SqliteLogStore::new(db.clone()),
+            entities: SqliteEntityStore::new(db.clone()),
             db,
         })
     }
@@ -82,6 +86,11 @@ impl SqliteStore {
     /// The log store, as the service uses it.
     pub fn log_store(&self) -> Arc<dyn LogStore> {
         Arc::new(self.log.clone())
+    }
+
+    /// The entity store, as the service uses it.
+    pub fn entity_store(&self) -> Arc<dyn EntityStore> {
+        Arc::new(self.entities.clone())
     }
 
     /// The log store with its concrete type.

@@ -13,7 +13,10 @@ use crate::SqliteError;
 
 /// The migrations, in order; version `i + 1` is `MIGRATIONS[i]`. Never edit one that shipped:
 /// add the next.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_log.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_log.sql"),
+    include_str!("../migrations/0002_entities.sql"),
+];
 
 /// The newest schema version this build knows.
 pub(crate) const LATEST: i64 = MIGRATIONS.len() as i64;

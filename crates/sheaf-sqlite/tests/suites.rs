@@ -45,3 +45,10 @@ async fn the_latest_attempt_lookup_probes_the_index() {
     );
     db.store.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_entity_store() {
+    let db = TestDb::new("entity").await;
+    conformance::run_entity_store(&*db.store.entity_store()).await;
+    db.store.close().await;
+}
