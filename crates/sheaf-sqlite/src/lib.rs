@@ -7,12 +7,13 @@ mod error;
 mod log;
 mod migrate;
 mod options;
+mod queue;
 mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use sheaf_store::{EntityStore, LogStore};
+use sheaf_store::{EntityStore, JobQueue, LogStore};
 use sqlx::sqlite::{SqliteAutoVacuum, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection};
 
@@ -20,6 +21,7 @@ pub use entity::SqliteEntityStore;
 pub use error::SqliteError;
 pub use log::SqliteLogStore;
 pub use options::{SqliteOptions, Synchronous};
+pub use queue::SqliteJobQueue;
 
 use crate::db::Db;
 use crate::writer::Writer;
@@ -31,6 +33,7 @@ pub struct SqliteStore {
     db: Db,
     log: SqliteLogStore,
     entities: SqliteEntityStore,
+    queue: SqliteJobQueue,
 }
 
 impl SqliteStore {
@@ -74,6 +77,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             log: SqliteLogStore::new(db.clone()),
             entities: SqliteEntityStore::new(db.clone()),
+            queue: SqliteJobQueue::new(db.clone()),
             db,
         })
     }
@@ -86,6 +90,11 @@ impl SqliteStore {
     /// The log store, as the service uses it.
     pub fn log_store(&self) -> Arc<dyn LogStore> {
         Arc::new(self.log.clone())
+    }
+
+    /// The job queue, as the service uses it.
+    pub fn job_queue(&self) -> Arc<dyn JobQueue> {
+        Arc::new(self.queue.clone())
     }
 
     /// The entity store, as the service uses it.

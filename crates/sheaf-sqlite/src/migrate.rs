@@ -16,6 +16,7 @@ use crate::SqliteError;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_log.sql"),
     include_str!("../migrations/0002_entities.sql"),
+    include_str!("../migrations/0003_queue.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -52,3 +52,24 @@ async fn conformance_of_the_entity_store() {
     conformance::run_entity_store(&*db.store.entity_store()).await;
     db.store.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_job_queue() {
+    let db = TestDb::new("queue").await;
+    conformance::run_job_queue(&*db.store.job_queue()).await;
+    db.store.close().await;
+}
+
+/// The three suites in one run, as `run_all` runs them on every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_run_all() {
+    let db = TestDb::new("all").await;
+    let store = &db.store;
+    conformance::run_all(
+        &*store.log_store(),
+        &*store.job_queue(),
+        &*store.entity_store(),
+    )
+    .await;
+    store.close().await;
+}
