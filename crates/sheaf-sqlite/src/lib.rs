@@ -7,13 +7,14 @@ mod error;
 mod log;
 mod migrate;
 mod options;
+mod outbox;
 mod queue;
 mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use sheaf_store::{EntityStore, JobQueue, LogStore};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
 use sqlx::sqlite::{SqliteAutoVacuum, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection};
 
@@ -21,6 +22,7 @@ pub use entity::SqliteEntityStore;
 pub use error::SqliteError;
 pub use log::SqliteLogStore;
 pub use options::{SqliteOptions, Synchronous};
+pub use outbox::SqliteOutbox;
 pub use queue::SqliteJobQueue;
 
 use crate::db::Db;
@@ -34,6 +36,7 @@ pub struct SqliteStore {
     log: SqliteLogStore,
     entities: SqliteEntityStore,
     queue: SqliteJobQueue,
+    outbox: SqliteOutbox,
 }
 
 impl SqliteStore {
@@ -78,6 +81,7 @@ impl SqliteStore {
             log: SqliteLogStore::new(db.clone()),
             entities: SqliteEntityStore::new(db.clone()),
             queue: SqliteJobQueue::new(db.clone()),
+            outbox: SqliteOutbox::new(db.clone()),
             db,
         })
     }
@@ -95,6 +99,12 @@ impl SqliteStore {
     /// The job queue, as the service uses it.
     pub fn job_queue(&self) -> Arc<dyn JobQueue> {
         Arc::new(self.queue.clone())
+    }
+
+    /// The outbox beside the queue (sheaf_store's `outbox` module docs). The log tables are the
+    /// outbox: an accepted event is in the log at once and nothing is ever shipped.
+    pub fn outbox(&self) -> Arc<dyn Outbox> {
+        Arc::new(self.outbox.clone())
     }
 
     /// The entity store, as the service uses it.

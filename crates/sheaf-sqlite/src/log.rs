@@ -165,15 +165,17 @@ pub(crate) fn batch_bytes(events: &[Event], attempts: &[Attempt]) -> usize {
     events + attempts
 }
 
-/// Inserts `events`, skipping identities already stored, on the writer connection.
+/// Inserts `events`, skipping identities already stored, on the writer connection; returns how
+/// many were new.
 pub(crate) async fn insert_events(
     connection: &mut SqliteConnection,
     events: &[Event],
-) -> Result<()> {
+) -> Result<u64> {
+    let mut inserted = 0;
     for event in events {
         let data = serde_json::to_string(event.data.value())
             .map_err(|e| sheaf_store::Error::invalid_input(format!("event data: {e}")))?;
-        sqlx::query(INSERT_EVENT)
+        let done = sqlx::query(INSERT_EVENT)
             .bind(event.tenant_id.as_str())
             .bind(event.id.as_str())
             .bind(event.topic.as_str())
@@ -184,8 +186,9 @@ pub(crate) async fn insert_events(
             .execute(&mut *connection)
             .await
             .map_err(|e| from_sqlx("inserting events", e))?;
+        inserted += done.rows_affected();
     }
-    Ok(())
+    Ok(inserted)
 }
 
 /// Inserts `attempts`, skipping identities already stored, on the writer connection.

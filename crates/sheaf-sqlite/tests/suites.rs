@@ -73,3 +73,17 @@ async fn conformance_run_all() {
     .await;
     store.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_outbox() {
+    let db = TestDb::new("outbox").await;
+    let store = &db.store;
+    let (outbox, queue, log) = (store.outbox(), store.job_queue(), store.log_store());
+    conformance::run_outbox(conformance::outbox::Stores {
+        outbox: &*outbox,
+        queue: &*queue,
+        log: &*log,
+    })
+    .await;
+    store.close().await;
+}
