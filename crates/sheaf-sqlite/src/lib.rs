@@ -9,12 +9,13 @@ mod migrate;
 mod options;
 mod outbox;
 mod queue;
+mod replay;
 mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox};
+use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore};
 use sqlx::sqlite::{SqliteAutoVacuum, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection};
 
@@ -24,6 +25,7 @@ pub use log::SqliteLogStore;
 pub use options::{SqliteOptions, Synchronous};
 pub use outbox::SqliteOutbox;
 pub use queue::SqliteJobQueue;
+pub use replay::SqliteReplayStore;
 
 use crate::db::Db;
 use crate::writer::Writer;
@@ -37,6 +39,7 @@ pub struct SqliteStore {
     entities: SqliteEntityStore,
     queue: SqliteJobQueue,
     outbox: SqliteOutbox,
+    replays: SqliteReplayStore,
 }
 
 impl SqliteStore {
@@ -82,6 +85,7 @@ impl SqliteStore {
             entities: SqliteEntityStore::new(db.clone()),
             queue: SqliteJobQueue::new(db.clone()),
             outbox: SqliteOutbox::new(db.clone()),
+            replays: SqliteReplayStore::new(db.clone()),
             db,
         })
     }
@@ -105,6 +109,12 @@ impl SqliteStore {
     /// outbox: an accepted event is in the log at once and nothing is ever shipped.
     pub fn outbox(&self) -> Arc<dyn Outbox> {
         Arc::new(self.outbox.clone())
+    }
+
+    /// The replay store, as the service uses it. It shares the queue's file, so a page's queue
+    /// work commits with its progress.
+    pub fn replay_store(&self) -> Arc<dyn ReplayStore> {
+        Arc::new(self.replays.clone())
     }
 
     /// The entity store, as the service uses it.

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_log.sql"),
     include_str!("../migrations/0002_entities.sql"),
     include_str!("../migrations/0003_queue.sql"),
+    include_str!("../migrations/0004_replays.sql"),
 ];
 
 /// The newest schema version this build knows.

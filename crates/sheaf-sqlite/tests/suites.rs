@@ -87,3 +87,18 @@ async fn conformance_of_the_outbox() {
     .await;
     store.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_of_the_replay_store() {
+    let db = TestDb::new("replay").await;
+    conformance::run_replay_store(&*db.store.replay_store()).await;
+    // A fresh file: the page cases need an idle queue.
+    let paged = TestDb::new("replay-pages").await;
+    conformance::run_replay_pages(conformance::replay_pages::PageStores {
+        replays: &*paged.store.replay_store(),
+        queue: &*paged.store.job_queue(),
+    })
+    .await;
+    db.store.close().await;
+    paged.store.close().await;
+}
