@@ -134,6 +134,13 @@ impl SqliteStore {
         self.db.readers.close().await;
     }
 
+    /// What the writer did so far: `writes` counts flushes (one transaction each),
+    /// `records_written` the write operations they carried, `failed_writes` the flushes that
+    /// could not commit. Operations per flush is how much group commit is happening.
+    pub fn write_metrics(&self) -> sheaf_coalesce::MetricsSnapshot {
+        self.db.writer.metrics()
+    }
+
     /// The pool of read-only connections, for tests that inspect the file.
     pub fn readers(&self) -> &SqlitePool {
         &self.db.readers

@@ -14,7 +14,11 @@
 //! file) fails every operation in it, with that error. An operation's answer is handed back only
 //! after its flush committed: nothing is reported written that a crash could take back.
 
-use sheaf_coalesce::{BatchWriter, WriteCoalescer, WriteConfig, WriteError};
+use std::sync::Arc;
+
+use sheaf_coalesce::{
+    BatchWriter, CoalesceMetrics, MetricsSnapshot, WriteCoalescer, WriteConfig, WriteError,
+};
 use sheaf_store::{Error, Result};
 use sqlx::SqliteConnection;
 use std::future::Future;
@@ -131,6 +135,7 @@ async fn rollback(connection: &mut SqliteConnection) {
 #[derive(Clone)]
 pub(crate) struct Writer {
     coalescer: WriteCoalescer<Flusher>,
+    metrics: Arc<CoalesceMetrics>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -147,9 +152,10 @@ impl Writer {
         let flusher = Flusher {
             connection: Mutex::new(connection),
         };
-        let coalescer = WriteCoalescer::new(flusher, config)
+        let metrics = Arc::new(CoalesceMetrics::new());
+        let coalescer = WriteCoalescer::with_observer(flusher, config, metrics.clone())
             .map_err(|e| Error::invalid_input(format!("sqlite write options: {e}")))?;
-        Ok(Writer { coalescer })
+        Ok(Writer { coalescer, metrics })
     }
 
     /// Runs `op` on the writer connection, inside a savepoint of the next flush's transaction,
@@ -184,6 +190,12 @@ impl Writer {
             message: format!("{doing}: the writer stopped before answering"),
             source: None,
         })?
+    }
+
+    /// What the coalescer did so far: flushes (`writes`, each one transaction), operations
+    /// (`records_written`) and failures.
+    pub(crate) fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
     }
 
     /// Writes what is queued, then stops taking writes (later ones fail as `Unavailable`).
