@@ -23,14 +23,22 @@ pub(crate) struct Db {
     pub(crate) readers: SqlitePool,
     pub(crate) writer: Writer,
     pub(crate) path: Arc<PathBuf>,
+    /// The lock file, held while the store is open (`SqliteOptions::lock`); `close` lets go.
+    pub(crate) lock: Arc<std::sync::Mutex<Option<std::fs::File>>>,
 }
 
 impl Db {
-    pub(crate) fn new(readers: SqlitePool, writer: Writer, path: PathBuf) -> Self {
+    pub(crate) fn new(
+        readers: SqlitePool,
+        writer: Writer,
+        path: PathBuf,
+        lock: Option<std::fs::File>,
+    ) -> Self {
         Db {
             readers,
             writer,
             path: Arc::new(path),
+            lock: Arc::new(std::sync::Mutex::new(lock)),
         }
     }
 

@@ -28,6 +28,28 @@ pub enum SqliteError {
         #[source]
         source: sqlx::Error,
     },
+    /// Another store (in this process or another) holds the file: two processes writing one
+    /// file would take turns for every write, and a second `sheaf` on the same data is a
+    /// mistake more often than a plan.
+    #[error(
+        "the sqlite database {path} is in use by another process (its lock file {lock} is held); \
+         stop that process or give this one another data directory"
+    )]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// The lock file beside the database could not be created or locked.
+    #[error("locking the sqlite database with {lock}: {source}")]
+    LockFile {
+        /// The lock file.
+        lock: PathBuf,
+        /// The file system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A migration failed; the file is left at the last version that applied.
     #[error("migrating the sqlite database {path} to version {version}: {source}")]
     Migrate {
@@ -58,7 +80,10 @@ impl From<SqliteError> for Error {
     fn from(error: SqliteError) -> Self {
         match error {
             SqliteError::InvalidOption(what) => Error::invalid_input(what),
-            SqliteError::Open { .. } => Error::unavailable("opening the sqlite database", error),
+            SqliteError::Open { .. } | SqliteError::LockFile { .. } => {
+                Error::unavailable("opening the sqlite database", error)
+            }
+            SqliteError::Locked { .. } => Error::conflict(error.to_string()),
             SqliteError::Migrate { .. } | SqliteError::TooNew { .. } => {
                 Error::backend("migrating the sqlite database", error)
             }

@@ -54,6 +54,11 @@ impl SqliteStore {
     pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, SqliteError> {
         let path = path.as_ref().to_owned();
         options.validate()?;
+        let lock = if options.lock {
+            Some(lock_file(&path)?)
+        } else {
+            None
+        };
         let opening = |source| SqliteError::Open {
             path: path.clone(),
             source,
@@ -79,7 +84,7 @@ impl SqliteStore {
             .map_err(opening)?;
         let writer = Writer::start(connection, options.write)
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
-        let db = Db::new(readers, writer, path);
+        let db = Db::new(readers, writer, path, lock);
         Ok(SqliteStore {
             log: SqliteLogStore::new(db.clone()),
             entities: SqliteEntityStore::new(db.clone()),
@@ -132,6 +137,11 @@ impl SqliteStore {
     pub async fn close(&self) {
         self.db.writer.close().await;
         self.db.readers.close().await;
+        // Dropping the file lets go of the lock; a poisoned mutex only means a panic elsewhere.
+        match self.db.lock.lock() {
+            Ok(mut lock) => drop(lock.take()),
+            Err(poisoned) => drop(poisoned.into_inner().take()),
+        }
     }
 
     /// What the writer did so far: `writes` counts flushes (one transaction each),
@@ -149,5 +159,32 @@ impl SqliteStore {
     /// The schema version this build migrates files to.
     pub fn schema_version() -> i64 {
         migrate::LATEST
+    }
+}
+
+/// Takes the exclusive lock on `<path>.lock`, creating the file if needed. The lock is the
+/// operating system's (released when the file closes, also when the process dies), so a crash
+/// never leaves a stale lock behind.
+fn lock_file(path: &Path) -> Result<std::fs::File, SqliteError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock = std::path::PathBuf::from(name);
+    let failed = |source| SqliteError::LockFile {
+        lock: lock.clone(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)
+        .map_err(failed)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(SqliteError::Locked {
+            path: path.to_owned(),
+            lock,
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
     }
 }

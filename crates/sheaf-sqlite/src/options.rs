@@ -40,6 +40,11 @@ pub struct SqliteOptions {
     /// How long a connection waits for a lock another one holds before failing as
     /// `Unavailable`. With one writer only checkpoints and other processes take locks.
     pub busy_timeout: Duration,
+    /// Whether the store takes an exclusive lock on a file beside the database
+    /// (`<file>.lock`) for as long as it is open, so that a second store on the same file, in
+    /// this process or another, is refused at open ([`SqliteError::Locked`]) rather than left to
+    /// share the writer lock with the first.
+    pub lock: bool,
     /// The write coalescer's bounds: every write of every store is one operation in a flush, and
     /// each flush is one transaction. `max_records` counts operations.
     pub write: WriteConfig,
@@ -49,6 +54,7 @@ impl Default for SqliteOptions {
     /// - `synchronous`: [`Synchronous::Normal`], WAL's usual pairing (see there).
     /// - `readers`: 4, two per core on the 2-core machine the suites and benches run on.
     /// - `busy_timeout`: 5 s, the driver's default.
+    /// - `lock`: on.
     /// - `write`: at most 1,024 operations and 16 MiB per flush, no added wait (`max_wait` 0):
     ///   the worker writes what queued while the previous flush ran, so an idle store commits
     ///   each write at once and a busy one commits many per transaction, as group commit does.
@@ -57,6 +63,7 @@ impl Default for SqliteOptions {
             synchronous: Synchronous::Normal,
             readers: 4,
             busy_timeout: Duration::from_secs(5),
+            lock: true,
             write: WriteConfig {
                 max_records: 1024,
                 max_bytes: 16 * 1024 * 1024,

@@ -197,6 +197,27 @@ async fn opening_refuses_what_cannot_work() {
     let err = SqliteStore::open(&missing, SqliteOptions::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, SqliteError::Open { .. }), "{err}");
+    assert!(
+        matches!(err, SqliteError::Open { .. } | SqliteError::LockFile { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("no-such-dir"), "{err}");
+}
+
+/// A second store on an open file is refused by name; once the first closes, it opens.
+#[tokio::test]
+async fn a_second_store_on_the_same_file_is_refused() {
+    let db = TestDb::new("lock").await;
+    let path = db.store.path().to_owned();
+    let err = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SqliteError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("sheaf.db"), "{err}");
+    assert_eq!(sheaf_store::Error::from(err).kind(), ErrorKind::Conflict);
+    db.store.close().await;
+    let again = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .expect("opens once the first store closed");
+    again.close().await;
 }
