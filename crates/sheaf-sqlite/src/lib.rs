@@ -10,6 +10,7 @@ mod options;
 mod outbox;
 mod queue;
 mod replay;
+mod retention;
 mod writer;
 
 use std::path::Path;
@@ -26,6 +27,7 @@ pub use options::{SqliteOptions, Synchronous};
 pub use outbox::SqliteOutbox;
 pub use queue::SqliteJobQueue;
 pub use replay::SqliteReplayStore;
+pub use retention::LogRetention;
 
 use crate::db::Db;
 use crate::writer::Writer;
@@ -86,7 +88,7 @@ impl SqliteStore {
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
         let db = Db::new(readers, writer, path, lock);
         Ok(SqliteStore {
-            log: SqliteLogStore::new(db.clone()),
+            log: SqliteLogStore::new(db.clone(), options.retention),
             entities: SqliteEntityStore::new(db.clone()),
             queue: SqliteJobQueue::new(db.clone()),
             outbox: SqliteOutbox::new(db.clone()),

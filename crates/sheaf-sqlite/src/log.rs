@@ -17,6 +17,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use crate::db::{Db, get, get_time, get_u32, get_uuid, uuid_text};
 use crate::error::{decode, from_sqlx};
+use crate::retention::{self, LogRetention};
 
 /// Most keys one latest-attempt statement carries; larger calls are split. The keys travel as
 /// one JSON parameter, so the bound is about the statement's run time, not SQLite's limit on
@@ -81,6 +82,7 @@ pub(crate) const GET_EVENTS: &str =
 #[derive(Clone)]
 pub struct SqliteLogStore {
     db: Db,
+    retention: LogRetention,
 }
 
 impl fmt::Debug for SqliteLogStore {
@@ -92,8 +94,8 @@ impl fmt::Debug for SqliteLogStore {
 }
 
 impl SqliteLogStore {
-    pub(crate) fn new(db: Db) -> Self {
-        SqliteLogStore { db }
+    pub(crate) fn new(db: Db, retention: LogRetention) -> Self {
+        SqliteLogStore { db, retention }
     }
 
     /// The plan SQLite chooses for [`LogStore::latest_attempts`], from `EXPLAIN QUERY PLAN`, one
@@ -529,5 +531,11 @@ impl LogStore for SqliteLogStore {
 
     async fn ping(&self) -> Result<()> {
         self.db.ping("log store").await
+    }
+
+    /// Enforces [`LogRetention`] in batches behind the writer and reuses the space it frees
+    /// (see `retention.rs`).
+    async fn maintain(&self) -> Result<bool> {
+        retention::enforce(&self.db, self.retention).await
     }
 }

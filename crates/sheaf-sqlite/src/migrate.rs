@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_entities.sql"),
     include_str!("../migrations/0003_queue.sql"),
     include_str!("../migrations/0004_replays.sql"),
+    include_str!("../migrations/0005_retention.sql"),
 ];
 
 /// The newest schema version this build knows.

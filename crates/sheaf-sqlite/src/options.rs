@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sheaf_coalesce::WriteConfig;
 
-use crate::SqliteError;
+use crate::{LogRetention, SqliteError};
 
 /// When a committed flush reaches the disk: SQLite's `synchronous` setting in WAL mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,6 +45,8 @@ pub struct SqliteOptions {
     /// this process or another, is refused at open ([`SqliteError::Locked`]) rather than left to
     /// share the writer lock with the first.
     pub lock: bool,
+    /// How much of the log [`LogStore::maintain`](sheaf_store::LogStore::maintain) keeps.
+    pub retention: LogRetention,
     /// The write coalescer's bounds: every write of every store is one operation in a flush, and
     /// each flush is one transaction. `max_records` counts operations.
     pub write: WriteConfig,
@@ -55,6 +57,7 @@ impl Default for SqliteOptions {
     /// - `readers`: 4, two per core on the 2-core machine the suites and benches run on.
     /// - `busy_timeout`: 5 s, the driver's default.
     /// - `lock`: on.
+    /// - `retention`: [`LogRetention::default`], the memory log's.
     /// - `write`: at most 1,024 operations and 16 MiB per flush, no added wait (`max_wait` 0):
     ///   the worker writes what queued while the previous flush ran, so an idle store commits
     ///   each write at once and a busy one commits many per transaction, as group commit does.
@@ -64,6 +67,7 @@ impl Default for SqliteOptions {
             readers: 4,
             busy_timeout: Duration::from_secs(5),
             lock: true,
+            retention: LogRetention::default(),
             write: WriteConfig {
                 max_records: 1024,
                 max_bytes: 16 * 1024 * 1024,
@@ -94,5 +98,8 @@ impl SqliteOptions {
             .busy_timeout(self.busy_timeout)
             .synchronous(self.synchronous.to_sqlx())
             .foreign_keys(true)
+            // A checkpoint restarts the WAL from its start but leaves the file at its largest;
+            // this truncates it back after a burst, so the WAL does not keep a flood's size.
+            .pragma("journal_size_limit", (64 * 1024 * 1024).to_string())
     }
 }
