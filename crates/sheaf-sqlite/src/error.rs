@@ -94,6 +94,11 @@ impl From<SqliteError> for Error {
 /// Converts a driver error met while `doing` something (lower case, e.g. "claiming jobs").
 pub(crate) fn from_sqlx(doing: &str, error: sqlx::Error) -> Error {
     match classify(&error) {
+        // What SQLite said ("database or disk is full", "attempt to write a readonly
+        // database") is what an operator needs to read in the 503 it becomes.
+        Kind::Unavailable if matches!(error, sqlx::Error::Database(_)) => {
+            Error::unavailable(format!("{doing}: {error}"), error)
+        }
         Kind::Unavailable => Error::unavailable(doing, error),
         Kind::Backend => Error::backend(doing, error),
         Kind::Conflict => Error::conflict(format!("{doing}: {error}")),

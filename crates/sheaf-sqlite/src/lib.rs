@@ -70,8 +70,7 @@ impl SqliteStore {
         // auto-vacuum must be chosen before the first table exists; it lets the store hand freed
         // pages back to the file system a batch at a time instead of rewriting the whole file.
         let write_options = options
-            .connect(&path)
-            .create_if_missing(true)
+            .connect_writer(&path)
             .auto_vacuum(SqliteAutoVacuum::Incremental)
             .journal_mode(SqliteJournalMode::Wal);
         let mut connection = SqliteConnection::connect_with(&write_options)

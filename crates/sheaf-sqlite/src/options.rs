@@ -45,6 +45,11 @@ pub struct SqliteOptions {
     /// this process or another, is refused at open ([`SqliteError::Locked`]) rather than left to
     /// share the writer lock with the first.
     pub lock: bool,
+    /// The largest the database file may grow, in bytes (SQLite's `max_page_count`); `None`:
+    /// as large as the disk allows. A write that would pass it fails as `Unavailable`, exactly
+    /// as on a full disk, and nothing committed is lost: a cap below the disk's free space
+    /// keeps a flood from filling the disk the rest of the machine needs.
+    pub max_size_bytes: Option<u64>,
     /// How much of the log [`LogStore::maintain`](sheaf_store::LogStore::maintain) keeps.
     pub retention: LogRetention,
     /// The write coalescer's bounds: every write of every store is one operation in a flush, and
@@ -57,6 +62,7 @@ impl Default for SqliteOptions {
     /// - `readers`: 4, two per core on the 2-core machine the suites and benches run on.
     /// - `busy_timeout`: 5 s, the driver's default.
     /// - `lock`: on.
+    /// - `max_size_bytes`: none.
     /// - `retention`: [`LogRetention::default`], the memory log's.
     /// - `write`: at most 1,024 operations and 16 MiB per flush, no added wait (`max_wait` 0):
     ///   the worker writes what queued while the previous flush ran, so an idle store commits
@@ -67,6 +73,7 @@ impl Default for SqliteOptions {
             readers: 4,
             busy_timeout: Duration::from_secs(5),
             lock: true,
+            max_size_bytes: None,
             retention: LogRetention::default(),
             write: WriteConfig {
                 max_records: 1024,
@@ -87,9 +94,28 @@ impl SqliteOptions {
                 self.readers
             )));
         }
+        if self.max_size_bytes.is_some_and(|bytes| bytes < 1024 * 1024) {
+            return Err(SqliteError::InvalidOption(format!(
+                "max_size_bytes must be at least 1 MiB, got {:?}",
+                self.max_size_bytes
+            )));
+        }
         self.write
             .validate()
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))
+    }
+
+    /// The writer's options beyond [`Self::connect`]'s: the size cap, counted in 4 KiB pages
+    /// (SQLite's default page size, which this crate never changes).
+    pub(crate) fn connect_writer(
+        &self,
+        path: &std::path::Path,
+    ) -> sqlx::sqlite::SqliteConnectOptions {
+        let options = self.connect(path).create_if_missing(true);
+        match self.max_size_bytes {
+            Some(bytes) => options.pragma("max_page_count", (bytes / 4096).to_string()),
+            None => options,
+        }
     }
 
     pub(crate) fn connect(&self, path: &std::path::Path) -> sqlx::sqlite::SqliteConnectOptions {

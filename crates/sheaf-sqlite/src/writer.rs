@@ -30,10 +30,10 @@ use crate::error::from_sqlx;
 /// A future that borrows the writer connection for `'c`.
 pub(crate) type OpFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
-/// What an operation leaves behind once it ran: whether it failed (its savepoint is then rolled
-/// back) and how to deliver its answer once the flush's fate is known.
+/// What an operation leaves behind once it ran: its error if it failed (its savepoint is then
+/// rolled back) and how to deliver its answer once the flush's fate is known.
 struct Ran {
-    failed: bool,
+    error: Option<Error>,
     answer: Box<dyn FnOnce() + Send>,
 }
 
@@ -115,10 +115,16 @@ async fn run_one(
 ) -> Result<Box<dyn FnOnce() + Send>> {
     execute(connection, "SAVEPOINT op", "opening a savepoint").await?;
     let ran = (op.run)(connection).await;
-    if ran.failed {
+    if let Some(error) = ran.error {
         // A failure that already ended the transaction (SQLite rolls back by itself on a full
-        // disk or an I/O error) makes this fail too, and with it the flush.
-        execute(connection, "ROLLBACK TO op", "rolling back a failed write").await?;
+        // disk or an I/O error) leaves no savepoint to go back to: the flush fails, with the
+        // operation's error, which says what happened.
+        if execute(connection, "ROLLBACK TO op", "rolling back a failed write")
+            .await
+            .is_err()
+        {
+            return Err(error);
+        }
     }
     execute(connection, "RELEASE op", "releasing a savepoint").await?;
     Ok(ran.answer)
@@ -174,7 +180,7 @@ impl Writer {
             Box::pin(async move {
                 let result = op(connection).await;
                 Ran {
-                    failed: result.is_err(),
+                    error: result.as_ref().err().cloned(),
                     answer: Box::new(move || {
                         // A caller that stopped waiting needs no answer.
                         let _ = reply.send(result);

@@ -221,3 +221,62 @@ async fn a_second_store_on_the_same_file_is_refused() {
         .expect("opens once the first store closed");
     again.close().await;
 }
+
+/// A full file (here, the size cap; a full disk answers the same way) fails writes as
+/// `Unavailable` and loses nothing committed; reads go on, and once retention frees space,
+/// writes succeed again by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_file_refuses_writes_and_recovers() {
+    let options = SqliteOptions {
+        max_size_bytes: Some(1024 * 1024),
+        retention: sheaf_sqlite::LogRetention {
+            max_age: None,
+            max_events: 50,
+            max_attempts: 50,
+        },
+        ..SqliteOptions::default()
+    };
+    let db = TestDb::with_options("full", options).await;
+    let log = db.store.log_store();
+    let tenant = unique_tenant("full");
+    let payload = sheaf_store::Payload::new(serde_json::json!({ "blob": "x".repeat(4000) }));
+    let mut written = Vec::new();
+    let mut refusal = None;
+    for batch in 0..100 {
+        let events: Vec<_> = (0..20)
+            .map(|i| {
+                let mut e = event(&tenant, &format!("b{batch}-{i}"), "t", Timestamp::now());
+                e.data = payload.clone();
+                e
+            })
+            .collect();
+        match log.insert_many(&events, &[]).await {
+            Ok(()) => written.extend(events),
+            Err(e) => {
+                refusal = Some(e);
+                break;
+            }
+        }
+    }
+    let refusal = refusal.expect("the cap was reached");
+    assert_eq!(refusal.kind(), ErrorKind::Unavailable, "{refusal}");
+    assert!(refusal.to_string().contains("full"), "{refusal}");
+    eprintln!("refused after {} events: {refusal}", written.len());
+    // Everything committed before the refusal is there, and reads go on.
+    let last = written.last().expect("some were written");
+    assert_eq!(
+        log.get_event(&tenant, &last.id).await.expect("read"),
+        Some(last.clone())
+    );
+    // Retention frees pages; the next write reuses them.
+    while log.maintain().await.expect("maintain") {}
+    let again = event(&tenant, "after", "t", Timestamp::now());
+    log.insert_many(std::slice::from_ref(&again), &[])
+        .await
+        .expect("writes succeed once space is free");
+    assert_eq!(
+        log.get_event(&tenant, &again.id).await.expect("read"),
+        Some(again)
+    );
+    db.store.close().await;
+}
