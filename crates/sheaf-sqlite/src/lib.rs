@@ -152,6 +152,38 @@ impl SqliteStore {
         self.db.writer.metrics()
     }
 
+    /// Writes a consistent copy of the database to `destination` (a file that must not exist
+    /// yet) while the store keeps serving: `VACUUM INTO` on a reader connection, which reads one
+    /// snapshot and never waits for the writer (nor the writer for it). The copy is compact and
+    /// complete; restoring is stopping the service and putting the copy in the file's place
+    /// (without the old `-wal` and `-shm` files).
+    ///
+    /// # Errors
+    /// `InvalidInput` when `destination` exists, `Unavailable` when it cannot be written.
+    pub async fn backup(&self, destination: impl AsRef<Path>) -> sheaf_store::Result<()> {
+        let destination = destination.as_ref();
+        if destination.exists() {
+            return Err(sheaf_store::Error::invalid_input(format!(
+                "the backup file {} exists already",
+                destination.display()
+            )));
+        }
+        let name = destination.to_str().ok_or_else(|| {
+            sheaf_store::Error::invalid_input(format!(
+                "the backup path {} is not UTF-8",
+                destination.display()
+            ))
+        })?;
+        sqlx::query("VACUUM INTO ?1")
+            .bind(name)
+            .execute(&self.db.readers)
+            .await
+            .map_err(|e| {
+                error::from_sqlx(&format!("backing up to {}", destination.display()), e)
+            })?;
+        Ok(())
+    }
+
     /// The pool of read-only connections, for tests that inspect the file.
     pub fn readers(&self) -> &SqlitePool {
         &self.db.readers

@@ -280,3 +280,35 @@ async fn a_full_file_refuses_writes_and_recovers() {
     );
     db.store.close().await;
 }
+
+/// A backup taken while the store serves is a complete database of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_opens_as_a_store_with_the_same_records() {
+    let db = TestDb::new("backup").await;
+    let log = db.store.log_store();
+    let tenant = unique_tenant("backup");
+    let e = event(&tenant, "e1", "t", Timestamp::now());
+    log.insert_many(std::slice::from_ref(&e), &[])
+        .await
+        .expect("insert");
+    let copy = db.dir.join("backup.db");
+    db.store.backup(&copy).await.expect("backup");
+    assert_eq!(
+        db.store.backup(&copy).await.unwrap_err().kind(),
+        ErrorKind::InvalidInput,
+        "an existing file is not overwritten"
+    );
+    let restored = SqliteStore::open(&copy, SqliteOptions::default())
+        .await
+        .expect("open the copy");
+    assert_eq!(
+        restored
+            .log_store()
+            .get_event(&tenant, &e.id)
+            .await
+            .expect("get"),
+        Some(e)
+    );
+    restored.close().await;
+    db.store.close().await;
+}
