@@ -2,6 +2,7 @@
 //! backend promises. Every test opens its own file under the system's temporary directory, so
 //! no server is needed and nothing is skipped.
 
+mod measure;
 mod retention;
 mod sqlite;
 mod suites;
