@@ -312,3 +312,61 @@ async fn a_backup_opens_as_a_store_with_the_same_records() {
     restored.close().await;
     db.store.close().await;
 }
+
+/// Reads run on their own connections and never wait for the writer: while another connection
+/// holds the file's write lock and the store's next write waits for it, lookups still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_do_not_wait_for_a_waiting_writer() {
+    use sqlx::Connection;
+
+    let db = TestDb::new("readers").await;
+    let log = db.store.log_store();
+    let tenant = unique_tenant("readers");
+    let first = event(&tenant, "first", "t", Timestamp::now());
+    log.insert_many(std::slice::from_ref(&first), &[])
+        .await
+        .expect("insert");
+
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(db.store.path());
+    let mut other = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .expect("take the write lock");
+    let second = event(&tenant, "second", "t", Timestamp::now());
+    let pending = {
+        let (log, second) = (log.clone(), second.clone());
+        tokio::spawn(async move { log.insert_many(&[second], &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!pending.is_finished(), "the write waits for the lock");
+
+    let asked = std::time::Instant::now();
+    assert_eq!(
+        log.get_event(&tenant, &first.id).await.expect("read"),
+        Some(first)
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "the read took {:?}",
+        asked.elapsed()
+    );
+    assert!(!pending.is_finished(), "and still waits");
+
+    sqlx::query("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("let go");
+    pending
+        .await
+        .expect("task")
+        .expect("the write goes through once the lock is free");
+    assert_eq!(
+        log.get_event(&tenant, &second.id).await.expect("read"),
+        Some(second)
+    );
+    other.close().await.expect("close");
+    db.store.close().await;
+}
