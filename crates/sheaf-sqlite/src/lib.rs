@@ -1,4 +1,5 @@
-//! Sheaf's LogStore, JobQueue and EntityStore on one SQLite file: a durable embedded backend.
+//! Sheaf's LogStore, JobQueue, EntityStore, Outbox and ReplayStore on one SQLite file: a durable
+//! embedded backend.
 #![doc = include_str!("../README.md")]
 
 mod db;
@@ -50,8 +51,9 @@ impl SqliteStore {
     /// inside a Tokio runtime.
     ///
     /// # Errors
-    /// [`SqliteError::InvalidOption`] for options that cannot work, [`SqliteError::Open`] when the
-    /// file cannot be opened or is not a database, [`SqliteError::Migrate`] and
+    /// [`SqliteError::InvalidOption`] for options that cannot work, [`SqliteError::Locked`] when
+    /// another store has the file open, [`SqliteError::Open`] (or [`SqliteError::LockFile`]) when
+    /// the file cannot be opened or is not a database, [`SqliteError::Migrate`] and
     /// [`SqliteError::TooNew`] when its schema cannot be brought to this build's.
     pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, SqliteError> {
         let path = path.as_ref().to_owned();
