@@ -1,0 +1,548 @@
+//! [`SqliteEntityStore`]: tenants and destinations. A mutation reads the row, changes it in Rust
+//! and writes it back, all in one operation of the writer: the single writer serializes
+//! mutations, so no two patches race through that read-modify-write.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use sheaf_store::{
+    CredentialsSwap, DeliveryHealth, Destination, DestinationId, DestinationKind, DestinationPatch,
+    DisabledReason, EntityStore, Error, Filter, HealthChange, PreviousSecret, RateLimit, Result,
+    Secret, Tenant, TenantId, TenantUpsert, Timestamp, Topics, validate_health_reports,
+};
+use sqlx::SqliteConnection;
+use sqlx::sqlite::SqliteRow;
+
+use crate::db::{Db, get, get_time, get_uuid, uuid_text};
+use crate::error::{decode, from_sqlx};
+
+const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, config, topics, filter, \
+     rate_limit_per_second, headers, enabled, disabled_reason, disabled_since, \
+     disabled_automatically, consecutive_failures, secret, previous_secret, \
+     previous_secret_expires_at, created_at, updated_at";
+
+/// The entity store on SQLite. Cheap to clone; every clone shares the connections.
+#[derive(Clone)]
+pub struct SqliteEntityStore {
+    db: Db,
+}
+
+impl fmt::Debug for SqliteEntityStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteEntityStore")
+            .field("path", &self.db.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteEntityStore {
+    pub(crate) fn new(db: Db) -> Self {
+        SqliteEntityStore { db }
+    }
+}
+
+/// `now`, or `previous` if the clock has not passed it: `updated_at` never goes back.
+fn touch(previous: Timestamp) -> Timestamp {
+    Timestamp::now().max(previous)
+}
+
+fn json_text(value: &impl serde::Serialize, what: &str) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::invalid_input(format!("{what}: {e}")))
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| decode(&format!("reading {what}"), e))
+}
+
+fn tenant_from_row(row: &SqliteRow) -> Result<Tenant> {
+    Ok(Tenant {
+        id: TenantId::new(get::<String>(row, "id")?)?,
+        metadata: parse_json(&get::<String>(row, "metadata")?, "a tenant's metadata")?,
+        created_at: get_time(row, "created_at")?,
+        updated_at: get_time(row, "updated_at")?,
+    })
+}
+
+fn destination_from_row(row: &SqliteRow) -> Result<Destination> {
+    let reading = "reading a destination";
+    let kind: String = get(row, "kind")?;
+    let topics: Vec<String> = parse_json(&get::<String>(row, "topics")?, "topics")?;
+    let filter: Option<String> = get(row, "filter")?;
+    let filter = filter
+        .map(|text| {
+            parse_json(&text, "a filter")
+                .and_then(|source| Filter::parse(source).map_err(|e| decode(reading, e)))
+        })
+        .transpose()?;
+    let previous: Option<String> = get(row, "previous_secret")?;
+    let previous_expires: Option<i64> = get(row, "previous_secret_expires_at")?;
+    let previous_secret = match (previous, previous_expires) {
+        (Some(secret), Some(expires_at)) => Some(PreviousSecret {
+            secret: Secret::new(secret).map_err(|e| decode(reading, e))?,
+            expires_at: Timestamp::from_micros(expires_at).map_err(|e| decode(reading, e))?,
+        }),
+        _ => None,
+    };
+    let reason: Option<String> = get(row, "disabled_reason")?;
+    let since: Option<i64> = get(row, "disabled_since")?;
+    let automatic: Option<bool> = get(row, "disabled_automatically")?;
+    let disabled_reason = match (reason, since, automatic) {
+        (Some(reason), Some(since), Some(automatic)) => Some(DisabledReason {
+            reason,
+            since: Timestamp::from_micros(since).map_err(|e| decode(reading, e))?,
+            automatic,
+        }),
+        _ => None,
+    };
+    let failures: i64 = get(row, "consecutive_failures")?;
+    let per_second: Option<i64> = get(row, "rate_limit_per_second")?;
+    let rate_limit = per_second
+        .map(|n| {
+            u32::try_from(n)
+                .map_err(|_| decode(reading, format_args!("a rate limit of {n} per second")))
+                .and_then(|n| RateLimit::new(n).map_err(|e| decode(reading, e)))
+        })
+        .transpose()?;
+    Ok(Destination {
+        id: DestinationId::from_uuid(get_uuid(row, "id")?),
+        tenant_id: TenantId::new(get::<String>(row, "tenant_id")?)?,
+        kind: DestinationKind::from_str(&kind).map_err(|e| decode(reading, e))?,
+        config: parse_json(&get::<String>(row, "config")?, "a destination's config")?,
+        topics: Topics::from_list(topics).map_err(|e| decode(reading, e))?,
+        filter,
+        rate_limit,
+        headers: parse_json(&get::<String>(row, "headers")?, "a destination's headers")?,
+        enabled: get(row, "enabled")?,
+        disabled_reason,
+        consecutive_failures: u32::try_from(failures).unwrap_or(u32::MAX),
+        secret: Secret::new(get::<String>(row, "secret")?).map_err(|e| decode(reading, e))?,
+        previous_secret,
+        created_at: get_time(row, "created_at")?,
+        updated_at: get_time(row, "updated_at")?,
+    })
+}
+
+fn missing_destination(tenant: &TenantId, id: &DestinationId) -> Error {
+    Error::not_found(format!("destination {id} of tenant {tenant}"))
+}
+
+/// The tenant's destination as the writer sees it, inside its transaction.
+async fn load(
+    connection: &mut SqliteConnection,
+    tenant: &TenantId,
+    id: &DestinationId,
+) -> Result<Option<Destination>> {
+    let row = sqlx::query(&format!(
+        "SELECT {DESTINATION_COLUMNS} FROM destinations WHERE tenant_id = ?1 AND id = ?2"
+    ))
+    .bind(tenant.as_str())
+    .bind(uuid_text(id.as_uuid()))
+    .fetch_optional(&mut *connection)
+    .await
+    .map_err(|e| from_sqlx("reading a destination", e))?;
+    row.as_ref().map(destination_from_row).transpose()
+}
+
+/// Writes every column of `d`: a new row (`insert`), or over the row with its id.
+async fn save(connection: &mut SqliteConnection, d: &Destination, insert: bool) -> Result<()> {
+    let sql = if insert {
+        format!(
+            "INSERT INTO destinations ({DESTINATION_COLUMNS})
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                     ?18)"
+        )
+    } else {
+        "UPDATE destinations
+         SET tenant_id = ?2, kind = ?3, config = ?4, topics = ?5, filter = ?6,
+             rate_limit_per_second = ?7, headers = ?8, enabled = ?9, disabled_reason = ?10,
+             disabled_since = ?11, disabled_automatically = ?12, consecutive_failures = ?13,
+             secret = ?14, previous_secret = ?15, previous_secret_expires_at = ?16,
+             created_at = ?17, updated_at = ?18
+         WHERE id = ?1"
+            .to_owned()
+    };
+    let reason = d.disabled_reason.as_ref();
+    let previous = d.previous_secret.as_ref();
+    sqlx::query(&sql)
+        .bind(uuid_text(d.id.as_uuid()))
+        .bind(d.tenant_id.as_str())
+        .bind(d.kind.as_str())
+        .bind(json_text(&d.config, "config")?)
+        .bind(json_text(&d.topics.to_list(), "topics")?)
+        .bind(
+            d.filter
+                .as_ref()
+                .map(|f| json_text(f.source(), "filter"))
+                .transpose()?,
+        )
+        .bind(d.rate_limit.map(|r| i64::from(r.per_second)))
+        .bind(json_text(&d.headers, "headers")?)
+        .bind(d.enabled)
+        .bind(reason.map(|r| r.reason.as_str()))
+        .bind(reason.map(|r| r.since.as_micros()))
+        .bind(reason.map(|r| r.automatic))
+        .bind(i64::from(d.consecutive_failures))
+        .bind(d.secret.expose())
+        .bind(previous.map(|p| p.secret.expose()))
+        .bind(previous.map(|p| p.expires_at.as_micros()))
+        .bind(d.created_at.as_micros())
+        .bind(d.updated_at.as_micros())
+        .execute(&mut *connection)
+        .await
+        .map_err(|e| from_sqlx("writing a destination", e))?;
+    Ok(())
+}
+
+fn apply_patch(destination: &mut Destination, patch: &DestinationPatch) {
+    if let Some(config) = &patch.config {
+        destination.config = config.clone();
+    }
+    if let Some(topics) = &patch.topics {
+        destination.topics = topics.clone();
+    }
+    if let Some(filter) = &patch.filter {
+        destination.filter = filter.clone();
+    }
+    if let Some(rate_limit) = patch.rate_limit {
+        destination.rate_limit = rate_limit;
+    }
+    if let Some(headers) = &patch.headers {
+        destination.headers = headers.clone();
+    }
+    if let Some(enabled) = patch.enabled {
+        destination.enabled = enabled;
+        destination.disabled_reason = if enabled {
+            None
+        } else {
+            patch.disabled_reason.clone()
+        };
+    }
+    destination.updated_at = touch(destination.updated_at);
+}
+
+/// One report applied to `destination` (the rules of `EntityStore::record_delivery_health`);
+/// returns its changes, and whether the row needs writing.
+fn apply_health(
+    destination: &mut Destination,
+    report: &DeliveryHealth,
+    disable_after: u32,
+) -> (Vec<HealthChange>, bool) {
+    let old = destination.consecutive_failures;
+    destination.consecutive_failures = if report.succeeded {
+        report.failures_after
+    } else {
+        old.saturating_add(report.failures_after)
+    };
+    let recovered = report.succeeded && old >= disable_after;
+    let disabled = destination.enabled
+        && report.failures_after > 0
+        && destination.consecutive_failures >= disable_after;
+    if disabled {
+        let now = touch(destination.updated_at);
+        destination.enabled = false;
+        destination.disabled_reason = Some(DisabledReason::after_failures(
+            destination.consecutive_failures,
+            &report.last_error,
+            now,
+        ));
+        destination.updated_at = now;
+    }
+    let mut changes = Vec::new();
+    if recovered {
+        changes.push(HealthChange::Recovered(destination.clone()));
+    }
+    if disabled {
+        changes.push(HealthChange::Disabled(destination.clone()));
+    }
+    (changes, disabled || destination.consecutive_failures != old)
+}
+
+#[async_trait]
+impl EntityStore for SqliteEntityStore {
+    async fn upsert_tenant(
+        &self,
+        id: &TenantId,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<TenantUpsert> {
+        let (id, metadata) = (id.clone(), json_text(metadata, "metadata")?);
+        self.db
+            .writer
+            .run("upserting a tenant", 128 + metadata.len(), move |c| {
+                Box::pin(async move {
+                    let old =
+                        sqlx::query("SELECT created_at, updated_at FROM tenants WHERE id = ?1")
+                            .bind(id.as_str())
+                            .fetch_optional(&mut *c)
+                            .await
+                            .map_err(|e| from_sqlx("reading a tenant", e))?;
+                    let created = old.is_none();
+                    let (created_at, updated_at) = match &old {
+                        Some(row) => (
+                            get_time(row, "created_at")?,
+                            touch(get_time(row, "updated_at")?),
+                        ),
+                        None => {
+                            let now = Timestamp::now();
+                            (now, now)
+                        }
+                    };
+                    let row = sqlx::query(
+                        "INSERT INTO tenants (id, metadata, created_at, updated_at)
+                         VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (id) DO UPDATE
+                             SET metadata = excluded.metadata, updated_at = excluded.updated_at
+                         RETURNING id, metadata, created_at, updated_at",
+                    )
+                    .bind(id.as_str())
+                    .bind(metadata)
+                    .bind(created_at.as_micros())
+                    .bind(updated_at.as_micros())
+                    .fetch_one(&mut *c)
+                    .await
+                    .map_err(|e| from_sqlx("upserting a tenant", e))?;
+                    Ok(TenantUpsert {
+                        tenant: tenant_from_row(&row)?,
+                        created,
+                    })
+                })
+            })
+            .await
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+        let row =
+            sqlx::query("SELECT id, metadata, created_at, updated_at FROM tenants WHERE id = ?1")
+                .bind(id.as_str())
+                .fetch_optional(&self.db.readers)
+                .await
+                .map_err(|e| from_sqlx("reading a tenant", e))?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    async fn delete_tenant(&self, id: &TenantId) -> Result<()> {
+        let id = id.clone();
+        self.db
+            .writer
+            .run("deleting a tenant", 64, move |c| {
+                Box::pin(async move {
+                    // Destinations go with the tenant through ON DELETE CASCADE.
+                    let done = sqlx::query("DELETE FROM tenants WHERE id = ?1")
+                        .bind(id.as_str())
+                        .execute(&mut *c)
+                        .await
+                        .map_err(|e| from_sqlx("deleting a tenant", e))?;
+                    if done.rows_affected() == 0 {
+                        return Err(Error::not_found(format!("tenant {id}")));
+                    }
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn create_destination(&self, destination: &Destination) -> Result<()> {
+        let destination = destination.clone();
+        self.db
+            .writer
+            .run("creating a destination", 1024, move |c| {
+                // A missing tenant fails the foreign key (NotFound), a taken id the primary key
+                // (Conflict), whichever tenant holds it.
+                Box::pin(async move { save(c, &destination, true).await })
+            })
+            .await
+    }
+
+    async fn get_destination(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+    ) -> Result<Option<Destination>> {
+        let row = sqlx::query(&format!(
+            "SELECT {DESTINATION_COLUMNS} FROM destinations WHERE tenant_id = ?1 AND id = ?2"
+        ))
+        .bind(tenant.as_str())
+        .bind(uuid_text(id.as_uuid()))
+        .fetch_optional(&self.db.readers)
+        .await
+        .map_err(|e| from_sqlx("reading a destination", e))?;
+        row.as_ref().map(destination_from_row).transpose()
+    }
+
+    async fn list_destinations(&self, tenant: &TenantId) -> Result<Vec<Destination>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {DESTINATION_COLUMNS} FROM destinations WHERE tenant_id = ?1 ORDER BY id"
+        ))
+        .bind(tenant.as_str())
+        .fetch_all(&self.db.readers)
+        .await
+        .map_err(|e| from_sqlx("listing destinations", e))?;
+        rows.iter().map(destination_from_row).collect()
+    }
+
+    async fn update_destination(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+        patch: &DestinationPatch,
+    ) -> Result<Destination> {
+        let (tenant, id, patch) = (tenant.clone(), *id, patch.clone());
+        self.db
+            .writer
+            .run("updating a destination", 1024, move |c| {
+                Box::pin(async move {
+                    let mut destination = load(c, &tenant, &id)
+                        .await?
+                        .ok_or_else(|| missing_destination(&tenant, &id))?;
+                    apply_patch(&mut destination, &patch);
+                    save(c, &destination, false).await?;
+                    Ok(destination)
+                })
+            })
+            .await
+    }
+
+    async fn record_delivery_health(
+        &self,
+        reports: &[DeliveryHealth],
+        disable_after: u32,
+    ) -> Result<Vec<HealthChange>> {
+        validate_health_reports(reports, disable_after)?;
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reports = reports.to_vec();
+        self.db
+            .writer
+            .run("recording delivery health", 128 * reports.len(), move |c| {
+                Box::pin(async move {
+                    let mut changes = Vec::new();
+                    for report in &reports {
+                        let Some(mut destination) =
+                            load(c, &report.tenant_id, &report.destination_id).await?
+                        else {
+                            continue;
+                        };
+                        let (changed, write) =
+                            apply_health(&mut destination, report, disable_after);
+                        // A healthy destination's report changes nothing and writes nothing.
+                        if write {
+                            save(c, &destination, false).await?;
+                        }
+                        changes.extend(changed);
+                    }
+                    Ok(changes)
+                })
+            })
+            .await
+    }
+
+    async fn rotate_secret(
+        &self,
+        tenant: &TenantId,
+        id: &DestinationId,
+        new_secret: &Secret,
+        previous_expires_at: Timestamp,
+    ) -> Result<Destination> {
+        let (tenant, id, new_secret) = (tenant.clone(), *id, new_secret.clone());
+        self.db
+            .writer
+            .run("rotating a destination's secret", 256, move |c| {
+                Box::pin(async move {
+                    let mut destination = load(c, &tenant, &id)
+                        .await?
+                        .ok_or_else(|| missing_destination(&tenant, &id))?;
+                    let previous = std::mem::replace(&mut destination.secret, new_secret);
+                    destination.previous_secret = Some(PreviousSecret {
+                        secret: previous,
+                        expires_at: previous_expires_at,
+                    });
+                    destination.updated_at = touch(destination.updated_at);
+                    save(c, &destination, false).await?;
+                    Ok(destination)
+                })
+            })
+            .await
+    }
+
+    async fn delete_destination(&self, tenant: &TenantId, id: &DestinationId) -> Result<()> {
+        let (tenant, id) = (tenant.clone(), *id);
+        self.db
+            .writer
+            .run("deleting a destination", 64, move |c| {
+                Box::pin(async move {
+                    let done =
+                        sqlx::query("DELETE FROM destinations WHERE tenant_id = ?1 AND id = ?2")
+                            .bind(tenant.as_str())
+                            .bind(uuid_text(id.as_uuid()))
+                            .execute(&mut *c)
+                            .await
+                            .map_err(|e| from_sqlx("deleting a destination", e))?;
+                    if done.rows_affected() == 0 {
+                        return Err(missing_destination(&tenant, &id));
+                    }
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn scan_destinations(
+        &self,
+        after: Option<DestinationId>,
+        limit: usize,
+    ) -> Result<Vec<Destination>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {DESTINATION_COLUMNS} FROM destinations
+             WHERE ?1 IS NULL OR id > ?1 ORDER BY id LIMIT ?2"
+        ))
+        .bind(after.map(|id| uuid_text(id.as_uuid())))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.db.readers)
+        .await
+        .map_err(|e| from_sqlx("scanning destinations", e))?;
+        rows.iter().map(destination_from_row).collect()
+    }
+
+    async fn swap_credentials(&self, swaps: &[CredentialsSwap]) -> Result<Vec<DestinationId>> {
+        if swaps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let swaps = swaps.to_vec();
+        self.db
+            .writer
+            .run("swapping stored credentials", 512 * swaps.len(), move |c| {
+                Box::pin(async move {
+                    let mut swapped = Vec::new();
+                    for swap in &swaps {
+                        let Some(mut destination) =
+                            load(c, &swap.tenant_id, &swap.destination_id).await?
+                        else {
+                            continue;
+                        };
+                        // A row changed since it was read keeps its new values.
+                        if sheaf_store::StoredCredentials::of(&destination) != swap.expected {
+                            continue;
+                        }
+                        destination.secret = swap.replacement.secret.clone();
+                        destination.config = swap.replacement.config.clone();
+                        if let Some(previous) = &mut destination.previous_secret {
+                            match &swap.replacement.previous_secret {
+                                Some(secret) => previous.secret = secret.clone(),
+                                None => destination.previous_secret = None,
+                            }
+                        }
+                        save(c, &destination, false).await?;
+                        swapped.push(destination.id);
+                    }
+                    Ok(swapped)
+                })
+            })
+            .await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.db.ping("entity store").await
+    }
+}

@@ -1,0 +1,217 @@
+//! [`LogRetention`] and the upkeep that enforces it: the log's oldest records dropped in
+//! batches behind the writer, and the space they leave reused.
+//!
+//! Each batch is one operation of the writer, so a large backlog of expired records is
+//! deleted a thousand rows at a time between other writes, never in one long transaction that
+//! would hold every publish behind it. Freed pages go to the file's free list, where new rows
+//! reuse them, so a steady flood keeps the file at the size its retention allows; when more
+//! than a quarter of the file is free (after a burst), incremental vacuum hands free pages back
+//! to the file system.
+
+use std::time::Duration;
+
+use sheaf_store::{Result, Timestamp};
+use sqlx::SqliteConnection;
+
+use crate::db::Db;
+use crate::error::from_sqlx;
+
+/// How long and how much of the log the store keeps, as the other backends' settings say.
+///
+/// The bounds apply to what no delivery waits for: an event a job is queued for is kept, with
+/// its attempts, however old it is and however many others there are, so a retry always finds
+/// its previous attempt and a delivery its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRetention {
+    /// Records older than this are dropped, unless held; `None` keeps them until the count
+    /// bounds apply.
+    pub max_age: Option<Duration>,
+    /// At most this many events are kept besides the held ones.
+    pub max_events: usize,
+    /// At most this many attempts are kept besides those of held events.
+    pub max_attempts: usize,
+}
+
+impl Default for LogRetention {
+    /// The memory log's defaults, so that choosing the durable store changes where the log is
+    /// kept, not how much of it: three days, 25,000 events and 100,000 attempts.
+    fn default() -> Self {
+        LogRetention {
+            max_age: Some(Duration::from_secs(3 * 24 * 3600)),
+            max_events: 25_000,
+            max_attempts: 100_000,
+        }
+    }
+}
+
+/// Rows one retention batch deletes, at most: a few milliseconds of the writer.
+const BATCH: i64 = 1000;
+
+/// Batches one `maintain` call runs at most, so upkeep never starves writes for long; the
+/// service calls it again seconds later.
+const MAX_BATCHES: usize = 20;
+
+/// Pages incremental vacuum hands back per call once the free list is over a quarter of the
+/// file (4 MiB at the default page size).
+const VACUUM_PAGES: i64 = 1024;
+
+/// An event with a job queued for it is held.
+const UNHELD_EVENT: &str = "NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.tenant_id = e.tenant_id AND j.event_id = e.event_id)";
+
+/// Runs retention until nothing is over its bounds or [`MAX_BATCHES`] ran; returns whether it
+/// deleted or vacuumed anything.
+pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
+    let mut did = false;
+    for _ in 0..MAX_BATCHES {
+        let deleted = db
+            .writer
+            .run("enforcing the log's retention", 64, move |c| {
+                Box::pin(async move { one_batch(c, retention).await })
+            })
+            .await?;
+        if deleted == 0 {
+            break;
+        }
+        did = true;
+    }
+    let vacuumed = db
+        .writer
+        .run("reusing the log's free space", 64, move |c| {
+            Box::pin(async move { vacuum(c).await })
+        })
+        .await?;
+    Ok(did || vacuumed)
+}
+
+/// Deletes one batch past the bounds: the oldest unheld events over the count, then those past
+/// the age (each with its attempts), then the same for attempts; returns how many rows went.
+async fn one_batch(connection: &mut SqliteConnection, retention: LogRetention) -> Result<u64> {
+    let cutoff = retention
+        .max_age
+        .map(|age| Timestamp::now().saturating_sub(age).as_micros());
+    let mut deleted = 0;
+    // The bounds count what no job holds; the queue is small, so the held are counted from it.
+    let over = count(connection, "events").await?
+        - count_held(connection, "events").await?
+        - bound(retention.max_events);
+    if over > 0 {
+        deleted += delete_events(connection, "1", None, over.min(BATCH)).await?;
+    }
+    if let Some(cutoff) = cutoff {
+        deleted += delete_events(connection, "e.event_time < ?1", Some(cutoff), BATCH).await?;
+    }
+    let over = count(connection, "attempts").await?
+        - count_held(connection, "attempts").await?
+        - bound(retention.max_attempts);
+    if over > 0 {
+        deleted += delete_attempts(connection, "1", None, over.min(BATCH)).await?;
+    }
+    if let Some(cutoff) = cutoff {
+        deleted += delete_attempts(connection, "a.attempt_time < ?1", Some(cutoff), BATCH).await?;
+    }
+    Ok(deleted)
+}
+
+fn bound(max: usize) -> i64 {
+    i64::try_from(max).unwrap_or(i64::MAX)
+}
+
+async fn count(connection: &mut SqliteConnection, table: &str) -> Result<i64> {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(&mut *connection)
+        .await
+        .map_err(|e| from_sqlx("enforcing the log's retention", e))
+}
+
+/// Rows of `table` (events or attempts) whose event a job is queued for.
+async fn count_held(connection: &mut SqliteConnection, table: &str) -> Result<i64> {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM (SELECT DISTINCT tenant_id, event_id FROM jobs) AS j
+         JOIN {table} AS r ON r.tenant_id = j.tenant_id AND r.event_id = j.event_id"
+    ))
+    .fetch_one(&mut *connection)
+    .await
+    .map_err(|e| from_sqlx("enforcing the log's retention", e))
+}
+
+/// Deletes up to `limit` of the oldest unheld events matching `filter` (`?1` is `cutoff`), and
+/// their attempts: what goes when the event goes.
+async fn delete_events(
+    connection: &mut SqliteConnection,
+    filter: &str,
+    cutoff: Option<i64>,
+    limit: i64,
+) -> Result<u64> {
+    let fail = |e| from_sqlx("enforcing the log's retention", e);
+    let gone: Vec<(String, String)> = sqlx::query_as(&format!(
+        "DELETE FROM events WHERE rowid IN (
+             SELECT e.rowid FROM events AS e
+             WHERE {filter} AND {UNHELD_EVENT}
+             ORDER BY e.event_time
+             LIMIT ?2)
+         RETURNING tenant_id, event_id"
+    ))
+    .bind(cutoff)
+    .bind(limit)
+    .fetch_all(&mut *connection)
+    .await
+    .map_err(fail)?;
+    let mut deleted = gone.len() as u64;
+    for (tenant, event) in gone {
+        deleted += sqlx::query("DELETE FROM attempts WHERE tenant_id = ?1 AND event_id = ?2")
+            .bind(tenant)
+            .bind(event)
+            .execute(&mut *connection)
+            .await
+            .map_err(fail)?
+            .rows_affected();
+    }
+    Ok(deleted)
+}
+
+/// Deletes up to `limit` of the oldest attempts of unheld events matching `filter` (`?1` is
+/// `cutoff`).
+async fn delete_attempts(
+    connection: &mut SqliteConnection,
+    filter: &str,
+    cutoff: Option<i64>,
+    limit: i64,
+) -> Result<u64> {
+    let done = sqlx::query(&format!(
+        "DELETE FROM attempts WHERE rowid IN (
+             SELECT a.rowid FROM attempts AS a
+             WHERE {filter}
+               AND NOT EXISTS (SELECT 1 FROM jobs AS j
+                               WHERE j.tenant_id = a.tenant_id AND j.event_id = a.event_id)
+             ORDER BY a.attempt_time
+             LIMIT ?2)"
+    ))
+    .bind(cutoff)
+    .bind(limit)
+    .execute(&mut *connection)
+    .await
+    .map_err(|e| from_sqlx("enforcing the log's retention", e))?;
+    Ok(done.rows_affected())
+}
+
+/// Hands free pages back to the file system once they are over a quarter of the file; returns
+/// whether it did.
+async fn vacuum(connection: &mut SqliteConnection) -> Result<bool> {
+    let fail = |e| from_sqlx("reusing the log's free space", e);
+    let free: i64 = sqlx::query_scalar("PRAGMA freelist_count")
+        .fetch_one(&mut *connection)
+        .await
+        .map_err(fail)?;
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+        .fetch_one(&mut *connection)
+        .await
+        .map_err(fail)?;
+    if free * 4 <= pages {
+        return Ok(false);
+    }
+    sqlx::query(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))
+        .execute(&mut *connection)
+        .await
+        .map_err(fail)?;
+    Ok(true)
+}
