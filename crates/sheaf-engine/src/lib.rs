@@ -11,7 +11,9 @@ mod state;
 
 pub use config::cdc::{CdcSettings, TableTenants};
 pub use config::secrets_key::SecretsKey;
-pub use config::{EngineConfig, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig};
+pub use config::{
+    EngineConfig, EntityHome, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig, SqliteSync,
+};
 pub use destinations::installed as destination_types;
 pub use engine::{Engine, Readiness, Tasks, start};
 pub use ingest::{PublishError, Published};

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use sheaf_engine::reseal::{MAX_BATCH, ResealOptions, reseal_configured};
-use sheaf_server::settings::{LogStoreKind, QueueKind, settings_help};
+use sheaf_server::settings::{EntityHome, QueueKind, settings_help};
 use sheaf_server::{Config, Migrate, Stores};
 
 fn usage() -> String {
@@ -169,9 +169,13 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let open_admin = config.api_key.is_none();
-    let plaintext_secrets_in_postgres = config.engine.secrets_key.is_none()
-        && (config.engine.log_store == LogStoreKind::Postgres
-            || config.engine.queue == QueueKind::Postgres);
+    // Where secrets would be written as they are: nowhere when they stay in memory.
+    let plaintext_secrets_in = match config.engine.entity_home() {
+        _ if config.engine.secrets_key.is_some() => None,
+        EntityHome::Memory => None,
+        EntityHome::Sqlite => Some("the SQLite file in SHEAF_DATA_DIR"),
+        EntityHome::Postgres => Some("Postgres"),
+    };
     let nothing_delivers =
         config.engine.delivery_workers == 0 && config.engine.queue == QueueKind::Memory;
     let running = sheaf_server::start(config.clone()).await?;
@@ -189,9 +193,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             running.addr
         );
     }
-    if plaintext_secrets_in_postgres {
+    if let Some(store) = plaintext_secrets_in {
         tracing::warn!(
-            "SHEAF_SECRETS_KEY is not set: destination signing secrets and config.url passwords are stored in Postgres as they are; set it to encrypt them at rest"
+            "SHEAF_SECRETS_KEY is not set: destination signing secrets and config.url passwords are stored in {store} as they are; set it to encrypt them at rest"
         );
     }
     if let Some(key) = &config.engine.secrets_key {

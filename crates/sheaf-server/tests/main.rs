@@ -1,6 +1,8 @@
 //! The service's tests, one binary: real HTTP receivers on loopback, real stores.
 //!
 //! - `delivery`: the memory backends through an outage, idempotency, manual retry, dead letters.
+//! - `embedded`: the SQLite store through the binary: a restart, kill -9, one process per
+//!   data directory.
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
 //! - `brokers`: RabbitMQ and NATS JetStream destinations through `sheaf serve`, on real brokers,
 //!   and their passwords sealed at rest and redacted in the API.
@@ -27,6 +29,7 @@ mod brokers;
 mod cdc;
 mod controls;
 mod delivery;
+mod embedded;
 mod observability;
 mod portal;
 mod schemathesis;

@@ -18,6 +18,8 @@ use sheaf_coalesce::{LookupConfig, WriteConfig};
 pub enum LogStoreKind {
     /// In this process (the default).
     Memory,
+    /// The SQLite file in [`EngineConfig::data_dir`].
+    Sqlite,
     /// Postgres (`SHEAF_POSTGRES_URL`).
     Postgres,
     /// ClickHouse (`SHEAF_CLICKHOUSE_URL`).
@@ -29,7 +31,32 @@ pub enum LogStoreKind {
 pub enum QueueKind {
     /// In this process (the default).
     Memory,
+    /// The SQLite file in [`EngineConfig::data_dir`], with the log store there too (its log
+    /// tables are the queue's outbox).
+    Sqlite,
     /// Postgres (`SHEAF_POSTGRES_URL`), shared by every process that points at it.
+    Postgres,
+}
+
+/// When a SQLite flush counts as written (`SHEAF_SQLITE_SYNC`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqliteSync {
+    /// A commit is in the WAL file, not yet fsynced: a process crash loses nothing, a power
+    /// loss may lose the last flushes.
+    Normal,
+    /// Every commit is fsynced before it is answered.
+    Full,
+}
+
+/// Where tenants, destinations and replays live: beside the shared stores, so that every
+/// process using a queue or a log sees the same destinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntityHome {
+    /// In this process: neither the queue nor the log store is in a database.
+    Memory,
+    /// In the SQLite file, when the queue or the log store is there and neither in Postgres.
+    Sqlite,
+    /// In Postgres, whenever the queue or the log store is.
     Postgres,
 }
 
@@ -95,6 +122,10 @@ pub struct EngineConfig {
     pub log_store: LogStoreKind,
     /// `SHEAF_QUEUE`.
     pub queue: QueueKind,
+    /// `SHEAF_DATA_DIR`: the directory of the SQLite file (`sheaf.db`), when a store is there.
+    pub data_dir: PathBuf,
+    /// `SHEAF_SQLITE_SYNC`.
+    pub sqlite_sync: SqliteSync,
     /// `SHEAF_POSTGRES_URL`.
     pub postgres_url: Option<String>,
     /// `SHEAF_CLICKHOUSE_URL`.
@@ -162,6 +193,24 @@ pub struct EngineConfig {
     pub cdc: Option<cdc::CdcSettings>,
 }
 
+impl EngineConfig {
+    /// Where tenants, destinations and replays live (see [`EntityHome`]).
+    pub fn entity_home(&self) -> EntityHome {
+        if self.log_store == LogStoreKind::Postgres || self.queue == QueueKind::Postgres {
+            EntityHome::Postgres
+        } else if self.log_store == LogStoreKind::Sqlite || self.queue == QueueKind::Sqlite {
+            EntityHome::Sqlite
+        } else {
+            EntityHome::Memory
+        }
+    }
+
+    /// The SQLite database file: `sheaf.db` in [`EngineConfig::data_dir`].
+    pub fn sqlite_file(&self) -> PathBuf {
+        self.data_dir.join("sheaf.db")
+    }
+}
+
 /// The embedded default: memory stores, 32 workers, the retry schedule 5 s, 1 min, 10 min,
 /// 1 h, 6 h. The same values as the `sheaf` binary's settings when none is set (its tests
 /// check that they agree).
@@ -172,6 +221,8 @@ impl Default for EngineConfig {
             secrets_key: None,
             log_store: LogStoreKind::Memory,
             queue: QueueKind::Memory,
+            data_dir: PathBuf::from("sheaf-data"),
+            sqlite_sync: SqliteSync::Normal,
             postgres_url: None,
             clickhouse_url: None,
             postgres_schema: "sheaf".to_owned(),

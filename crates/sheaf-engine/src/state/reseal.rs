@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use anyhow::Context as _;
 use sheaf_store::{Destination, DestinationId, Error, Result};
 
-use crate::config::{EngineConfig, LogStoreKind, QueueKind};
+use crate::config::{EngineConfig, EntityHome};
 use crate::state::secrets::SealedEntityStore;
 use crate::state::stores::{Migrate, Stores};
 
@@ -169,9 +169,8 @@ pub async fn reseal_configured(
     config: &EngineConfig,
     options: ResealOptions,
 ) -> anyhow::Result<Option<ResealReport>> {
-    let in_postgres =
-        config.log_store == LogStoreKind::Postgres || config.queue == QueueKind::Postgres;
-    if !in_postgres {
+    let home = config.entity_home();
+    if home == EntityHome::Memory {
         return Ok(None);
     }
     let key = config.secrets_key.clone().context(
@@ -179,9 +178,12 @@ pub async fn reseal_configured(
     )?;
     let stores = Stores::connect(config, Migrate::No).await?;
     let sealed = SealedEntityStore::new(stores.entities, Some(key));
-    let report = sealed
-        .reseal(options)
-        .await
-        .context("re-sealing destination credentials in Postgres (SHEAF_POSTGRES_URL)")?;
+    let report = sealed.reseal(options).await.with_context(|| match home {
+        EntityHome::Sqlite => format!(
+            "re-sealing destination credentials in the sqlite file (SHEAF_DATA_DIR {})",
+            config.data_dir.display()
+        ),
+        _ => "re-sealing destination credentials in Postgres (SHEAF_POSTGRES_URL)".to_owned(),
+    })?;
     Ok(Some(report))
 }

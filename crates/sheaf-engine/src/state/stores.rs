@@ -1,14 +1,17 @@
 //! Backend selection: which `LogStore`, `JobQueue` and `EntityStore` the service runs on.
 //!
-//! The memory backends are the embedded default. Tenants and destinations follow the shared
-//! stores: they live in Postgres whenever the queue or the log store does, because several
-//! processes sharing a queue must see the same destinations. Bulk replays follow them, so that
-//! any of those processes reads a replay and another resumes it when its owner stops.
+//! The memory backends are the embedded default; the SQLite file (`SHEAF_DATA_DIR`) is the
+//! durable embedded one. Tenants and destinations follow the shared stores
+//! ([`EngineConfig::entity_home`]): they live in Postgres whenever the queue or the log store
+//! does, because several processes sharing a queue must see the same destinations, else in the
+//! SQLite file when a store is there. Bulk replays follow them, so that any of those processes
+//! reads a replay and another resumes it when its owner stops.
 //!
 //! With the Postgres queue, publishes and attempts become durable in a Postgres outbox beside
 //! it: the log tables themselves when the log store is Postgres too, outbox tables shipped to
 //! the log store when it is ClickHouse. With the memory queue there is no outbox; the log store
-//! is the record, as it is for the memory backends.
+//! is the record, as it is for the memory backends. With the SQLite queue the log store is the
+//! SQLite file too, and its log tables are the outbox, as with Postgres for both.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,7 +22,7 @@ use sheaf_memory::{
 };
 use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore};
 
-use crate::config::{EngineConfig, LogStoreKind, QueueKind};
+use crate::config::{EngineConfig, EntityHome, LogStoreKind, QueueKind};
 
 /// Whether connecting creates or upgrades the database schemas first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,8 +102,19 @@ impl Stores {
         } else {
             None
         };
+        let needs_sqlite =
+            config.log_store == LogStoreKind::Sqlite || config.queue == QueueKind::Sqlite;
+        let sqlite = if needs_sqlite {
+            Some(sqlite::open(config).await?)
+        } else {
+            None
+        };
         let log: Arc<dyn LogStore> = match config.log_store {
             LogStoreKind::Memory => memory.log,
+            LogStoreKind::Sqlite => sqlite
+                .as_ref()
+                .map(|file| file.log())
+                .context("the sqlite file is not open")?,
             LogStoreKind::Postgres => postgres
                 .as_ref()
                 .map(|pg| pg.log())
@@ -128,15 +142,25 @@ impl Stores {
                 None,
             ),
             QueueKind::Memory => (memory.queue, None),
+            QueueKind::Sqlite => {
+                anyhow::ensure!(
+                    config.log_store == LogStoreKind::Sqlite,
+                    "SHEAF_QUEUE=sqlite needs SHEAF_LOG_STORE=sqlite: the log tables are its outbox"
+                );
+                let file = sqlite.as_ref().context("the sqlite file is not open")?;
+                (file.queue(), Some(file.outbox()))
+            }
             QueueKind::Postgres => {
                 let pg = postgres.as_ref().context("postgres is not connected")?;
                 let in_the_log = config.log_store == LogStoreKind::Postgres;
                 (pg.queue(), Some(pg.outbox(in_the_log)))
             }
         };
-        let (entities, replays) = match &postgres {
-            Some(pg) => (pg.entities(), pg.replays()),
-            None => (memory.entities, memory.replays),
+        let (entities, replays) = match (config.entity_home(), &postgres, &sqlite) {
+            (EntityHome::Postgres, Some(pg), _) => (pg.entities(), pg.replays()),
+            (EntityHome::Sqlite, _, Some(file)) => (file.entities(), file.replays()),
+            (EntityHome::Memory, _, _) => (memory.entities, memory.replays),
+            (home, _, _) => anyhow::bail!("the store of tenants ({home:?}) is not open"),
         };
         let memory_log = memory
             .memory_log
@@ -153,6 +177,113 @@ impl Stores {
             memory_queue,
             replays,
         })
+    }
+}
+
+/// The SQLite stores: every trait over one file in `SHEAF_DATA_DIR`.
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use sheaf_sqlite::{LogRetention, SqliteOptions, SqliteStore, Synchronous};
+
+    use crate::config::SqliteSync;
+
+    pub(super) struct SqliteStores(SqliteStore);
+
+    impl SqliteStores {
+        pub(super) fn log(&self) -> Arc<dyn LogStore> {
+            self.0.log_store()
+        }
+
+        pub(super) fn queue(&self) -> Arc<dyn JobQueue> {
+            self.0.job_queue()
+        }
+
+        pub(super) fn outbox(&self) -> Arc<dyn Outbox> {
+            self.0.outbox()
+        }
+
+        pub(super) fn entities(&self) -> Arc<dyn EntityStore> {
+            self.0.entity_store()
+        }
+
+        pub(super) fn replays(&self) -> Arc<dyn ReplayStore> {
+            self.0.replay_store()
+        }
+    }
+
+    /// Opens (creating them if needed) `SHEAF_DATA_DIR` and its `sheaf.db`, migrated. The file
+    /// keeps the memory log's retention settings (`SHEAF_MEMORY_LOG_*`): both are the embedded
+    /// log, bounded the same way.
+    pub(super) async fn open(config: &EngineConfig) -> anyhow::Result<SqliteStores> {
+        let dir = &config.data_dir;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create SHEAF_DATA_DIR {}", dir.display()))?;
+        let retention = &config.memory_log_retention;
+        let options = SqliteOptions {
+            synchronous: match config.sqlite_sync {
+                SqliteSync::Normal => Synchronous::Normal,
+                SqliteSync::Full => Synchronous::Full,
+            },
+            retention: LogRetention {
+                max_age: retention.max_age,
+                max_events: retention.max_events,
+                max_attempts: retention.max_attempts,
+            },
+            ..SqliteOptions::default()
+        };
+        let file = config.sqlite_file();
+        let store = SqliteStore::open(&file, options)
+            .await
+            .map_err(|e| match e {
+                // The error names the file and its lock, and what to do.
+                sheaf_sqlite::SqliteError::Locked { .. } => {
+                    anyhow::anyhow!("SHEAF_DATA_DIR {}: {e}", dir.display())
+                }
+                e => anyhow::Error::new(e).context(format!(
+                    "cannot open the sqlite file in SHEAF_DATA_DIR {}",
+                    dir.display()
+                )),
+            })?;
+        tracing::info!(file = %file.display(), sync = ?config.sqlite_sync, "sqlite store open");
+        Ok(SqliteStores(store))
+    }
+}
+
+/// Without the `sqlite` feature: a configuration that names SQLite is refused by name.
+#[cfg(not(feature = "sqlite"))]
+mod sqlite {
+    use super::*;
+
+    /// Never built: [`open`] refuses.
+    pub(super) enum SqliteStores {}
+
+    impl SqliteStores {
+        pub(super) fn log(&self) -> Arc<dyn LogStore> {
+            match *self {}
+        }
+
+        pub(super) fn queue(&self) -> Arc<dyn JobQueue> {
+            match *self {}
+        }
+
+        pub(super) fn outbox(&self) -> Arc<dyn Outbox> {
+            match *self {}
+        }
+
+        pub(super) fn entities(&self) -> Arc<dyn EntityStore> {
+            match *self {}
+        }
+
+        pub(super) fn replays(&self) -> Arc<dyn ReplayStore> {
+            match *self {}
+        }
+    }
+
+    pub(super) async fn open(_config: &EngineConfig) -> anyhow::Result<SqliteStores> {
+        anyhow::bail!(
+            "SHEAF_LOG_STORE or SHEAF_QUEUE names sqlite, but this build of sheaf-engine has no SQLite support (cargo feature `sqlite`)"
+        )
     }
 }
 

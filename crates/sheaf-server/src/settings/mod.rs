@@ -36,7 +36,9 @@ use sheaf_coalesce::{LookupConfig, WriteConfig};
 pub use cdc::{CdcSettings, TableTenants};
 pub use docs::{settings_help, with_part_between};
 pub use keys::{AdminKey, SecretsKey, TokenKey};
-pub use sheaf_engine::{EngineConfig, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig};
+pub use sheaf_engine::{
+    EngineConfig, EntityHome, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig, SqliteSync,
+};
 pub use table::{Kind, SETTINGS, Setting};
 pub use values::{deprecation_warnings, format_duration, parse_duration};
 
@@ -140,6 +142,8 @@ impl Config {
         let engine = EngineConfig {
             secrets_key,
             log_store: stores.log_store,
+            data_dir: stores.data_dir,
+            sqlite_sync: stores.sqlite_sync,
             queue: stores.queue,
             postgres_url: stores.postgres_url,
             clickhouse_url: stores.clickhouse_url,
@@ -255,6 +259,8 @@ fn check_admin_access(
 struct StoreSettings {
     log_store: LogStoreKind,
     queue: QueueKind,
+    data_dir: PathBuf,
+    sqlite_sync: SqliteSync,
     postgres_url: Option<String>,
     clickhouse_url: Option<String>,
     postgres_schema: String,
@@ -264,6 +270,11 @@ struct StoreSettings {
 fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
     let log_store = values.choice_of(&s::LOG_STORE, names::LOG_STORE_WORDS)?;
     let queue = values.choice_of(&s::QUEUE, names::QUEUE_WORDS)?;
+    let data_dir = PathBuf::from(values.get(&s::DATA_DIR).unwrap_or_default());
+    if data_dir.as_os_str().is_empty() {
+        return Err(ConfigError::new(s::DATA_DIR.name, "is empty"));
+    }
+    let sqlite_sync = values.choice_of(&s::SQLITE_SYNC, names::SQLITE_SYNC_WORDS)?;
     let postgres_url = values.optional(&s::POSTGRES_URL);
     let clickhouse_url = values.optional(&s::CLICKHOUSE_URL);
     // The stores validate these names themselves when they connect; checked here too so the
@@ -310,9 +321,19 @@ fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
             "memory cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse",
         ));
     }
+    // The SQLite queue's outbox is the log tables of its own file: there is no shipping from
+    // SQLite to another log store.
+    if queue == QueueKind::Sqlite && log_store != LogStoreKind::Sqlite {
+        return Err(ConfigError::new(
+            s::LOG_STORE.name,
+            "must be sqlite with SHEAF_QUEUE=sqlite: the queue's events are committed with its jobs in the log tables of the same file",
+        ));
+    }
     Ok(StoreSettings {
         log_store,
         queue,
+        data_dir,
+        sqlite_sync,
         postgres_url,
         clickhouse_url,
         postgres_schema,

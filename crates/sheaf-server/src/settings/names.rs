@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::table::{LOG_WRITE_MAX_WAIT, RETRY_LOOKUP_BATCH_WAIT, SETTINGS, Setting, file_key_of};
-use super::{ConfigError, LogFormat, LogStoreKind, QueueKind};
+use super::{ConfigError, LogFormat, LogStoreKind, QueueKind, SqliteSync};
 
 /// A setting's former name, still read so an existing deployment keeps starting: its value,
 /// a whole number of milliseconds, is read as the same number of `ms` by [`Renamed::new`],
@@ -114,6 +114,7 @@ pub fn is_service_link(name: &str) -> bool {
 /// vocabulary, not the engine's.
 pub const LOG_STORE_WORDS: &[(&str, LogStoreKind)] = &[
     ("memory", LogStoreKind::Memory),
+    ("sqlite", LogStoreKind::Sqlite),
     ("postgres", LogStoreKind::Postgres),
     ("clickhouse", LogStoreKind::ClickHouse),
 ];
@@ -121,8 +122,14 @@ pub const LOG_STORE_WORDS: &[(&str, LogStoreKind)] = &[
 /// The variant each word of [`SHEAF_QUEUE`](super::table::QUEUE) names (see [`LOG_STORE_WORDS`]).
 pub const QUEUE_WORDS: &[(&str, QueueKind)] = &[
     ("memory", QueueKind::Memory),
+    ("sqlite", QueueKind::Sqlite),
     ("postgres", QueueKind::Postgres),
 ];
+
+/// The variant each word of [`SHEAF_SQLITE_SYNC`](super::table::SQLITE_SYNC) names (see
+/// [`LOG_STORE_WORDS`]).
+pub const SQLITE_SYNC_WORDS: &[(&str, SqliteSync)] =
+    &[("normal", SqliteSync::Normal), ("full", SqliteSync::Full)];
 
 /// The variant each word of [`SHEAF_LOG_FORMAT`](super::table::LOG_FORMAT) names (see
 /// [`LOG_STORE_WORDS`]).

@@ -196,15 +196,29 @@ pub const PUBLIC_URL: Setting = setting(
 pub const LOG_STORE: Setting = setting(
     "SHEAF_LOG_STORE",
     Some("memory"),
-    Kind::OneOf(&["memory", "postgres", "clickhouse"]),
-    "Where events and attempts are recorded. `memory` is refused with `SHEAF_QUEUE=postgres`: jobs read their payload from the log store, which must be as durable and shared as the queue.",
+    Kind::OneOf(&["memory", "sqlite", "postgres", "clickhouse"]),
+    "Where events and attempts are recorded. `sqlite` is the file `sheaf.db` in `SHEAF_DATA_DIR`, kept across restarts. `memory` is refused with `SHEAF_QUEUE=postgres`: jobs read their payload from the log store, which must be as durable and shared as the queue.",
 );
 /// `SHEAF_QUEUE`.
 pub const QUEUE: Setting = setting(
     "SHEAF_QUEUE",
     Some("memory"),
-    Kind::OneOf(&["memory", "postgres"]),
-    "Where pending deliveries wait. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, in memory otherwise.",
+    Kind::OneOf(&["memory", "sqlite", "postgres"]),
+    "Where pending deliveries wait. `sqlite` (in `SHEAF_DATA_DIR`, kept across restarts) needs `SHEAF_LOG_STORE=sqlite`: the log tables are its outbox. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, else in the SQLite file whenever one of them is there, in memory otherwise.",
+);
+/// `SHEAF_DATA_DIR`.
+pub const DATA_DIR: Setting = setting(
+    "SHEAF_DATA_DIR",
+    Some("sheaf-data"),
+    Kind::Text("a directory path, relative to the working directory or absolute"),
+    "Where the SQLite store keeps its file (`sheaf.db`, with its `-wal`, `-shm` and `.lock` files beside it) when `SHEAF_LOG_STORE` or `SHEAF_QUEUE` is `sqlite`; created at start if missing. One process per directory: a second one is refused at start, naming the directory.",
+);
+/// `SHEAF_SQLITE_SYNC`.
+pub const SQLITE_SYNC: Setting = setting(
+    "SHEAF_SQLITE_SYNC",
+    Some("normal"),
+    Kind::OneOf(&["normal", "full"]),
+    "When a write to the SQLite file is answered. `normal`: once it is in the write-ahead log, so a crash of the process (kill -9) loses nothing, while a power loss or an operating-system crash may lose the last writes. `full`: once it is fsynced as well, which also survives those and costs a disk flush per group commit.",
 );
 /// `SHEAF_POSTGRES_URL`.
 pub const POSTGRES_URL: Setting = setting(
@@ -819,6 +833,8 @@ pub const SETTINGS: &[Setting] = &[
     PUBLIC_URL,
     LOG_STORE,
     QUEUE,
+    DATA_DIR,
+    SQLITE_SYNC,
     POSTGRES_URL,
     CLICKHOUSE_URL,
     POSTGRES_SCHEMA,
@@ -921,7 +937,10 @@ mod tests {
             DELIVERY_TIMEOUT.valid(),
             "a duration, 100ms..10m; shorter than `SHEAF_QUEUE_LEASE`"
         );
-        assert_eq!(LOG_STORE.valid(), "`memory`, `postgres`, `clickhouse`");
+        assert_eq!(
+            LOG_STORE.valid(),
+            "`memory`, `sqlite`, `postgres`, `clickhouse`"
+        );
         assert_eq!(CDC_HEARTBEAT_INTERVAL.valid(), "`0s`, or a duration 1s..1h");
     }
 }

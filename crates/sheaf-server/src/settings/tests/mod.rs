@@ -67,6 +67,7 @@ const KEY32: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 const OTHER_KEY32: &str = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
 
 const TEXT_SAMPLES: &[(&str, &str)] = &[
+    ("SHEAF_DATA_DIR", "/var/lib/sheaf"),
     ("SHEAF_CONFIG_FILE", "/nonexistent/sheaf.toml"),
     ("SHEAF_LISTEN", "127.0.0.1:0"),
     ("SHEAF_API_KEY", "admin-key-0123456789"),
@@ -222,6 +223,20 @@ fn invalid_values_name_their_setting() {
     ]))
     .unwrap_err();
     assert_eq!(err.setting, "SHEAF_LOG_STORE", "{err}");
+    // The SQLite queue's outbox is its own file's log tables.
+    for log_store in ["memory", "postgres"] {
+        let err = Config::load(env(&[
+            ("SHEAF_QUEUE", "sqlite"),
+            ("SHEAF_LOG_STORE", log_store),
+            ("SHEAF_POSTGRES_URL", "postgres://sheaf@127.0.0.1/sheaf"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.setting, "SHEAF_LOG_STORE", "{err}");
+    }
+    let err = Config::load(env(&[("SHEAF_SQLITE_SYNC", "off")])).unwrap_err();
+    assert_eq!(err.setting, "SHEAF_SQLITE_SYNC", "{err}");
+    let err = Config::load(env(&[("SHEAF_DATA_DIR", "")])).unwrap_err();
+    assert_eq!(err.setting, "SHEAF_DATA_DIR", "{err}");
     let err = Config::load(env(&[("SHEAF_LISTEN", "0.0.0.0:8470")])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_API_KEY");
     let err = Config::load(env(&[("SHEAF_QUEUE_LEASE", "10s")])).unwrap_err();

@@ -234,13 +234,14 @@ fn every_word_of_a_choice_maps_to_its_variant_by_name() {
     check(&table::LOG_STORE, names::LOG_STORE_WORDS);
     check(&table::QUEUE, names::QUEUE_WORDS);
     check(&table::LOG_FORMAT, names::LOG_FORMAT_WORDS);
+    check(&table::SQLITE_SYNC, names::SQLITE_SYNC_WORDS);
     // Every one-of setting is checked above.
     let choices = SETTINGS
         .iter()
         .filter(|s| matches!(s.kind, Kind::OneOf(_)))
         .count();
     assert_eq!(
-        choices, 3,
+        choices, 4,
         "a new one-of setting needs its binding checked here"
     );
 }
@@ -267,10 +268,10 @@ fn a_word_is_read_as_its_own_variant_whatever_the_list_order() {
             .unwrap(),
         LogStoreKind::Memory
     );
-    let err = Config::load(env(&[("SHEAF_LOG_STORE", "sqlite")])).unwrap_err();
+    let err = Config::load(env(&[("SHEAF_LOG_STORE", "cassandra")])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_LOG_STORE");
     assert!(
-        err.message.contains("memory, postgres, clickhouse"),
+        err.message.contains("memory, sqlite, postgres, clickhouse"),
         "{err}"
     );
 }
