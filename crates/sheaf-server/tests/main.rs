@@ -6,9 +6,9 @@
 //! - `api`: authentication, bad input, the private-address guard, the OpenAPI document.
 //! - `brokers`: RabbitMQ and NATS JetStream destinations through `sheaf serve`, on real brokers,
 //!   and their passwords sealed at rest and redacted in the API.
-//! - `controls`: destination controls on every backend: payload filters, automatic disabling
-//!   with operator events, bulk replay (also resumed by a second process when the first is
-//!   killed or shut down mid-replay).
+//! - `controls`: destination controls on every backend (memory, SQLite, Postgres, Postgres +
+//!   ClickHouse): payload filters, automatic disabling with operator events, bulk replay (also
+//!   resumed by a second process when the first is killed or shut down mid-replay).
 //! - `signatures`: Standard Webhooks signatures verified by the `standardwebhooks` package.
 //! - `observability`: request ids, the request timeout, JSON logs.
 //! - `traces`: OpenTelemetry spans received by an OTLP collector in the test, and `traceparent`.

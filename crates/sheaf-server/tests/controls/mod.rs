@@ -15,10 +15,26 @@ use sheaf_testenv::receiver::Receiver;
 use crate::support::{Client, env_with, start_server};
 
 /// The configurations a filter must behave the same on: the memory backends (entities in
-/// memory, the direct publish path), and Postgres entities with the Postgres queue (the
-/// outbox's group commit) under either log store.
+/// memory, the direct publish path), the SQLite file (entities, queue and log in one file, the
+/// outbox's group commit on its single writer), and Postgres entities with the Postgres queue
+/// (the outbox's group commit) under either log store.
 pub(super) fn backends(test: &str) -> Vec<(&'static str, HashMap<String, String>)> {
-    let mut all = vec![("memory", env_with(&[]))];
+    // Cargo's scratch directory for integration tests: removed with the target directory.
+    let data_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(sheaf_testenv::unique_name("sheaf-data"))
+        .display()
+        .to_string();
+    let mut all = vec![
+        ("memory", env_with(&[])),
+        (
+            "sqlite",
+            env_with(&[
+                ("SHEAF_QUEUE", "sqlite"),
+                ("SHEAF_LOG_STORE", "sqlite"),
+                ("SHEAF_DATA_DIR", data_dir.as_str()),
+            ]),
+        ),
+    ];
     if let Some(postgres) = sheaf_testenv::postgres_url(test) {
         let schema = sheaf_testenv::unique_name("ctl");
         all.push((
