@@ -17,7 +17,7 @@ pub use config::{
 pub use destinations::installed as destination_types;
 pub use engine::{Engine, Readiness, Tasks, start};
 pub use ingest::{PublishError, Published};
-pub use state::stores::{Migrate, Stores};
+pub use state::stores::{Migrate, Stores, backup_sqlite};
 
 /// The publish body: parsed and checked as a pure function, so a front door (and the fuzzer)
 /// can use it without the rest of the engine.

@@ -1,6 +1,7 @@
 //! `sheaf`: the binary. `sheaf serve` runs the service, `sheaf migrate` prepares the database
 //! schemas, `sheaf secrets reseal` re-seals stored credentials under the current
-//! `SHEAF_SECRETS_KEY`, `--help` lists every setting, `--version` prints the version.
+//! `SHEAF_SECRETS_KEY`, `sheaf backup PATH` copies the SQLite file while it serves, `--help`
+//! lists every setting, `--version` prints the version.
 
 use std::process::ExitCode;
 
@@ -20,6 +21,9 @@ fn usage() -> String {
          re-seal every stored destination credential under SHEAF_SECRETS_KEY, N per page\n              \
          (default 500), while servers keep running; --check only counts what is left under\n              \
          another key and exits non-zero if any is\n  \
+         backup PATH write a consistent copy of the SQLite file (SHEAF_DATA_DIR) to PATH, also\n              \
+         while a server runs on it; restore by stopping the server and putting the copy in\n              \
+         place of sheaf.db (without the old sheaf.db-wal and sheaf.db-shm)\n  \
          --version   print the version\n  \
          --help      print this help\n\n\
          Settings (environment variables; SHEAF_CONFIG_FILE may name a TOML file with the same\n\
@@ -48,7 +52,7 @@ fn try_main() -> anyhow::Result<()> {
         }
         Some((command, rest)) => (command.as_str(), rest),
     };
-    if command != "secrets" && !rest.is_empty() {
+    if command != "secrets" && command != "backup" && !rest.is_empty() {
         anyhow::bail!("expected one command, got {args:?}; see `sheaf --help`");
     }
     match command {
@@ -58,6 +62,25 @@ fn try_main() -> anyhow::Result<()> {
         }
         "--version" | "-V" | "version" => {
             println!("sheaf {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        "backup" => {
+            let [destination] = rest else {
+                anyhow::bail!("`sheaf backup` takes one argument, the path of the copy to write");
+            };
+            let config = Config::from_env()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the tokio runtime")?;
+            runtime.block_on(sheaf_engine::backup_sqlite(
+                &config.engine,
+                std::path::Path::new(destination),
+            ))?;
+            println!(
+                "sheaf: wrote a copy of {} to {destination}",
+                config.engine.sqlite_file().display()
+            );
             Ok(())
         }
         "serve" | "migrate" | "secrets" => {

@@ -1,5 +1,6 @@
 //! The SQLite store through the real binary: what it keeps across a clean restart and across
-//! kill -9, and the lock that refuses a second process on the same data directory.
+//! kill -9, the lock that refuses a second process on the same data directory, and `sheaf
+//! backup` beside a running process.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -156,4 +157,59 @@ async fn a_second_process_on_the_same_data_directory_is_refused_by_name() {
     let client = Client::new(first.addr);
     assert_eq!(client.get("/readyz").await.status, 200);
     stop_clean(first).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_taken_while_serving_restores_every_event() {
+    let dir = DataDir::new();
+    let env = sqlite_env(&dir.path());
+    let receiver = Receiver::start().await.expect("the receiver binds");
+    let serving = spawn_on(&env).await;
+    let client = Client::new(serving.addr);
+    client
+        .tenant_with_destination("copy", &receiver.url())
+        .await;
+    let ids = publish_many(&client, "copy", "copy", 100, 8).await;
+    assert!(receiver.delivers_all(&ids, Duration::from_secs(60)).await);
+
+    // `sheaf backup` beside the running process, into the data directory of a new one.
+    let restored = DataDir::new();
+    std::fs::create_dir_all(&restored.0).unwrap();
+    let copy = restored.0.join("sheaf.db");
+    let output = sheaf_testenv::sheaf_command(env!("CARGO_BIN_EXE_sheaf"))
+        .arg("backup")
+        .arg(&copy)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("sheaf runs");
+    assert!(
+        output.status.success(),
+        "sheaf backup: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // A second copy to the same path is refused, naming it, rather than overwriting it.
+    let again = sheaf_testenv::sheaf_command(env!("CARGO_BIN_EXE_sheaf"))
+        .arg("backup")
+        .arg(&copy)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("sheaf runs");
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
+    // The serving process carried on.
+    let after = client.publish("copy", "after-backup", json!({})).await;
+    assert_eq!(after.status, 202, "{after:?}");
+    stop_clean(serving).await;
+
+    let restored_env = sqlite_env(&restored.path());
+    let from_copy = spawn_on(&restored_env).await;
+    let client = Client::new(from_copy.addr);
+    let events = client.every_item("/api/v1/tenants/copy/events").await;
+    assert_eq!(
+        events.len(),
+        100,
+        "the copy holds every event accepted before it"
+    );
+    assert_eq!(client.attempts_of("copy", "copy-42").await.len(), 1);
+    stop_clean(from_copy).await;
 }

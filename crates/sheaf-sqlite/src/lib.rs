@@ -163,27 +163,34 @@ impl SqliteStore {
     /// # Errors
     /// `InvalidInput` when `destination` exists, `Unavailable` when it cannot be written.
     pub async fn backup(&self, destination: impl AsRef<Path>) -> sheaf_store::Result<()> {
-        let destination = destination.as_ref();
-        if destination.exists() {
-            return Err(sheaf_store::Error::invalid_input(format!(
-                "the backup file {} exists already",
-                destination.display()
+        vacuum_into(&self.db.readers, destination.as_ref()).await
+    }
+
+    /// [`SqliteStore::backup`] of the database file at `database` from outside the process that
+    /// serves it (`sheaf backup`): one read-only connection, which takes no lock of the store's
+    /// and so works beside a running service, reads one snapshot and never blocks its writer.
+    ///
+    /// # Errors
+    /// `InvalidInput` when `destination` exists, `NotFound` when `database` does not, and
+    /// `Unavailable` when either file cannot be read or written.
+    pub async fn backup_file(
+        database: impl AsRef<Path>,
+        destination: impl AsRef<Path>,
+    ) -> sheaf_store::Result<()> {
+        let database = database.as_ref();
+        if !database.is_file() {
+            return Err(sheaf_store::Error::not_found(format!(
+                "no database file at {}",
+                database.display()
             )));
         }
-        let name = destination.to_str().ok_or_else(|| {
-            sheaf_store::Error::invalid_input(format!(
-                "the backup path {} is not UTF-8",
-                destination.display()
-            ))
-        })?;
-        sqlx::query("VACUUM INTO ?1")
-            .bind(name)
-            .execute(&self.db.readers)
+        let options = SqliteOptions::default().connect(database).read_only(true);
+        let mut connection = SqliteConnection::connect_with(&options)
             .await
-            .map_err(|e| {
-                error::from_sqlx(&format!("backing up to {}", destination.display()), e)
-            })?;
-        Ok(())
+            .map_err(|e| error::from_sqlx(&format!("opening {}", database.display()), e))?;
+        let copied = vacuum_into(&mut connection, destination.as_ref()).await;
+        let _ = connection.close().await;
+        copied
     }
 
     /// The pool of read-only connections, for tests that inspect the file.
@@ -195,6 +202,31 @@ impl SqliteStore {
     pub fn schema_version() -> i64 {
         migrate::LATEST
     }
+}
+
+/// `VACUUM INTO destination` on `connection`: a compact, consistent copy of one snapshot.
+async fn vacuum_into<'c, E>(connection: E, destination: &Path) -> sheaf_store::Result<()>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+{
+    if destination.exists() {
+        return Err(sheaf_store::Error::invalid_input(format!(
+            "the backup file {} exists already",
+            destination.display()
+        )));
+    }
+    let name = destination.to_str().ok_or_else(|| {
+        sheaf_store::Error::invalid_input(format!(
+            "the backup path {} is not UTF-8",
+            destination.display()
+        ))
+    })?;
+    sqlx::query("VACUUM INTO ?1")
+        .bind(name)
+        .execute(connection)
+        .await
+        .map_err(|e| error::from_sqlx(&format!("backing up to {}", destination.display()), e))?;
+    Ok(())
 }
 
 /// Takes the exclusive lock on `<path>.lock`, creating the file if needed. The lock is the

@@ -180,6 +180,16 @@ impl Stores {
     }
 }
 
+/// Writes a consistent copy of the SQLite file `config` names to `destination` (a file that
+/// must not exist yet), beside a service that keeps running on it (`sheaf backup`).
+pub async fn backup_sqlite(config: &EngineConfig, destination: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        config.log_store == LogStoreKind::Sqlite || config.queue == QueueKind::Sqlite,
+        "nothing to back up: SHEAF_LOG_STORE and SHEAF_QUEUE name no sqlite store (Postgres and ClickHouse are backed up with their own tools)"
+    );
+    sqlite::backup(&config.sqlite_file(), destination).await
+}
+
 /// The SQLite stores: every trait over one file in `SHEAF_DATA_DIR`.
 #[cfg(feature = "sqlite")]
 mod sqlite {
@@ -248,6 +258,12 @@ mod sqlite {
         tracing::info!(file = %file.display(), sync = ?config.sqlite_sync, "sqlite store open");
         Ok(SqliteStores(store))
     }
+
+    pub(super) async fn backup(file: &Path, destination: &Path) -> anyhow::Result<()> {
+        SqliteStore::backup_file(file, destination)
+            .await
+            .with_context(|| format!("cannot back up {} (SHEAF_DATA_DIR)", file.display()))
+    }
 }
 
 /// Without the `sqlite` feature: a configuration that names SQLite is refused by name.
@@ -280,10 +296,14 @@ mod sqlite {
         }
     }
 
+    const MISSING: &str = "SHEAF_LOG_STORE or SHEAF_QUEUE names sqlite, but this build of sheaf-engine has no SQLite support (cargo feature `sqlite`)";
+
     pub(super) async fn open(_config: &EngineConfig) -> anyhow::Result<SqliteStores> {
-        anyhow::bail!(
-            "SHEAF_LOG_STORE or SHEAF_QUEUE names sqlite, but this build of sheaf-engine has no SQLite support (cargo feature `sqlite`)"
-        )
+        anyhow::bail!(MISSING)
+    }
+
+    pub(super) async fn backup(_file: &Path, _destination: &Path) -> anyhow::Result<()> {
+        anyhow::bail!(MISSING)
     }
 }
 
