@@ -51,6 +51,21 @@ pub(super) async fn run_backend(
         env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
         guards = (Some(schema), Some(db));
     }
+    // The SQLite file, in a directory of the run's output that is removed after it.
+    let data_dir = matches!(backend, Backend::Sqlite | Backend::SqliteFull).then(|| {
+        ctx.out_dir
+            .join(format!("delivery-{backend:?}-data").to_lowercase())
+    });
+    if let Some(dir) = &data_dir {
+        // A directory left by an interrupted run would start the file with its rows.
+        let _ = std::fs::remove_dir_all(dir);
+        env.push(("SHEAF_LOG_STORE", "sqlite".to_owned()));
+        env.push(("SHEAF_QUEUE", "sqlite".to_owned()));
+        env.push(("SHEAF_DATA_DIR", dir.display().to_string()));
+        if backend == Backend::SqliteFull {
+            env.push(("SHEAF_SQLITE_SYNC", "full".to_owned()));
+        }
+    }
     // The OTLP sink: a second receiver, answering every export 200 (an empty response).
     let sink = match backend {
         Backend::MemoryTraced => {
@@ -158,6 +173,9 @@ pub(super) async fn run_backend(
     let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     sheaf.stop().await?;
     drop(guards);
+    if let Some(dir) = &data_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     let trace_exports = sink.map(|sink| sink.requests().0);
 
     let overhead_per_event_bytes = (backend == Backend::Memory).then(|| {

@@ -28,8 +28,8 @@ use measure::{QueueOverTime, run_backend};
 use report::build_report;
 
 pub(super) const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
-    to a 2xx at a local receiver, with what latency and memory, on the memory backends and on \
-    Postgres + ClickHouse?";
+    to a 2xx at a local receiver, with what latency and memory, on the memory backends, on one \
+    SQLite file and on Postgres + ClickHouse?";
 
 /// The bytes of each event's `pad` (the payload is `{"seq": n, "pad": "…"}`).
 pub(super) const PAD_BYTES: usize = 1_000;
@@ -40,6 +40,10 @@ pub(super) enum Backend {
     /// The memory backends with every span exported to an OTLP/HTTP sink (`SHEAF_OTLP_ENDPOINT`):
     /// what tracing costs, side by side with the run without it.
     MemoryTraced,
+    /// Every store in one SQLite file (`SHEAF_SQLITE_SYNC=normal`, the default).
+    Sqlite,
+    /// The same with `SHEAF_SQLITE_SYNC=full`: an fsync per group commit.
+    SqliteFull,
     Postgres,
     PostgresClickHouse,
 }
@@ -49,6 +53,8 @@ impl Backend {
         match self {
             Backend::Memory => "memory",
             Backend::MemoryTraced => "memory, traces exported",
+            Backend::Sqlite => "SQLite",
+            Backend::SqliteFull => "SQLite, sync full",
             Backend::Postgres => "Postgres + Postgres",
             Backend::PostgresClickHouse => "Postgres + ClickHouse",
         }
@@ -56,7 +62,7 @@ impl Backend {
 }
 
 /// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,postgres,clickhouse` and a steady phase length in seconds. The figures in
+/// subset of `memory,traced,sqlite,sqlite-full,postgres,clickhouse` and a steady phase length in seconds. The figures in
 /// docs/benchmarks.md always come from a run without them.
 const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
 const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
@@ -67,6 +73,8 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
     let all = vec![
         Backend::Memory,
         Backend::MemoryTraced,
+        Backend::Sqlite,
+        Backend::SqliteFull,
         Backend::Postgres,
         Backend::PostgresClickHouse,
     ];
@@ -77,10 +85,12 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
         .map(|name| match name.trim() {
             "memory" => Ok(Backend::Memory),
             "traced" => Ok(Backend::MemoryTraced),
+            "sqlite" => Ok(Backend::Sqlite),
+            "sqlite-full" => Ok(Backend::SqliteFull),
             "postgres" => Ok(Backend::Postgres),
             "clickhouse" => Ok(Backend::PostgresClickHouse),
             other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, postgres or clickhouse"
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, sqlite, sqlite-full, postgres or clickhouse"
             ),
         })
         .collect()

@@ -87,6 +87,40 @@ fn queue_report(report: &mut Report, sizes: &Sizes, measured: &[Measured]) {
                 && q.claim_last_ms <= 2.0 * q.claim_first_ms,
         );
     }
+    if let Some(m) = measured.iter().find(|m| m.backend == Backend::Sqlite) {
+        let s = &m.saturation;
+        report.target(
+            "SQLite, closed loop (32 publishers, unique ids), publish → 2xx",
+            "≥ 0.8x memory in the same run, publish p50 ≤ 5 ms",
+            format!(
+                "{} events/s ({} memory), publish p50 {}",
+                report::count(s.events_per_s),
+                report::ratio(s.events_per_s / memory_rate),
+                report::millis(s.publish_p50_ms)
+            ),
+            s.events_per_s >= 0.8 * memory_rate && s.publish_p50_ms <= 5.0,
+        );
+        report.target(
+            "SQLite, peak RSS of `sheaf` over the run",
+            "≤ 120 MiB",
+            format!("{:.1} MiB", m.peak_rss_mib),
+            m.peak_rss_mib <= 120.0,
+        );
+    }
+    if let Some(m) = measured.iter().find(|m| m.backend == Backend::SqliteFull) {
+        let s = &m.saturation;
+        report.target(
+            "SQLite with SHEAF_SQLITE_SYNC=full, closed loop, publish → 2xx",
+            "≥ 0.5x memory in the same run",
+            format!(
+                "{} events/s ({} memory), publish p50 {}",
+                report::count(s.events_per_s),
+                report::ratio(s.events_per_s / memory_rate),
+                report::millis(s.publish_p50_ms)
+            ),
+            s.events_per_s >= 0.5 * memory_rate,
+        );
+    }
     if let Some(m) = measured.iter().find(|m| m.backend == Backend::Postgres) {
         report.target(
             "Postgres + Postgres, closed loop (32 publishers, unique ids), publish → 2xx",
