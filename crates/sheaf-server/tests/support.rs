@@ -11,10 +11,12 @@ use sheaf_server::{Config, Running};
 use sheaf_testenv::api::Api;
 use sheaf_testenv::process::{SheafCommand, SheafProcess};
 
-/// Settings every in-process test server gets: an ephemeral loopback port, loopback receivers
-/// allowed, quick polling.
+/// Settings every in-process test server gets: the memory stores (a test that wants the
+/// SQLite file names it, with a directory of its own), an ephemeral loopback port, loopback
+/// receivers allowed, quick polling.
 pub fn base_env() -> HashMap<String, String> {
     [
+        ("SHEAF_LOG_STORE", "memory"),
         ("SHEAF_LISTEN", "127.0.0.1:0"),
         ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "true"),
         ("SHEAF_QUEUE_POLL_INTERVAL", "50ms"),

@@ -37,12 +37,15 @@ pub struct SheafCommand {
 }
 
 impl SheafCommand {
-    /// `bin serve` with no setting yet, named `sheaf` in messages, allowed 60 s to listen.
+    /// `bin serve` on the memory stores unless a later setting names others, named `sheaf` in
+    /// messages, allowed 60 s to listen. The binary's own default is the SQLite file in
+    /// `./sheaf-data`: a harness process that wants it says so (with a `SHEAF_DATA_DIR` of its
+    /// own), and no other leaves a file behind or contends for one directory's lock.
     pub fn new(bin: impl Into<PathBuf>) -> Self {
         Self {
             bin: bin.into(),
             name: "sheaf".to_owned(),
-            settings: Vec::new(),
+            settings: vec![("SHEAF_LOG_STORE".to_owned(), "memory".to_owned())],
             log_file: None,
             pid_file: None,
             start_timeout: Duration::from_secs(60),

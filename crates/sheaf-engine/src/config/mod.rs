@@ -16,9 +16,9 @@ use sheaf_coalesce::{LookupConfig, WriteConfig};
 /// Where the log store lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogStoreKind {
-    /// In this process (the default).
+    /// In this process.
     Memory,
-    /// The SQLite file in [`EngineConfig::data_dir`].
+    /// The SQLite file in [`EngineConfig::data_dir`] (the default).
     Sqlite,
     /// Postgres (`SHEAF_POSTGRES_URL`).
     Postgres,
@@ -29,10 +29,10 @@ pub enum LogStoreKind {
 /// Where the job queue lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueKind {
-    /// In this process (the default).
+    /// In this process.
     Memory,
     /// The SQLite file in [`EngineConfig::data_dir`], with the log store there too (its log
-    /// tables are the queue's outbox).
+    /// tables are the queue's outbox); the default.
     Sqlite,
     /// Postgres (`SHEAF_POSTGRES_URL`), shared by every process that points at it.
     Postgres,
@@ -211,16 +211,27 @@ impl EngineConfig {
     }
 }
 
-/// The embedded default: memory stores, 32 workers, the retry schedule 5 s, 1 min, 10 min,
-/// 1 h, 6 h. The same values as the `sheaf` binary's settings when none is set (its tests
-/// check that they agree).
+/// The SQLite file when the engine is built with it (feature `sqlite`, on by default), else
+/// memory.
+#[cfg(feature = "sqlite")]
+const EMBEDDED_LOG: LogStoreKind = LogStoreKind::Sqlite;
+#[cfg(feature = "sqlite")]
+const EMBEDDED_QUEUE: QueueKind = QueueKind::Sqlite;
+#[cfg(not(feature = "sqlite"))]
+const EMBEDDED_LOG: LogStoreKind = LogStoreKind::Memory;
+#[cfg(not(feature = "sqlite"))]
+const EMBEDDED_QUEUE: QueueKind = QueueKind::Memory;
+
+/// The embedded default: every store in the SQLite file `sheaf-data/sheaf.db` (memory without
+/// the `sqlite` feature), 32 workers, the retry schedule 5 s, 1 min, 10 min, 1 h, 6 h. The same
+/// values as the `sheaf` binary's settings when none is set (its tests check that they agree).
 impl Default for EngineConfig {
     fn default() -> Self {
         let secs = Duration::from_secs;
         Self {
             secrets_key: None,
-            log_store: LogStoreKind::Memory,
-            queue: QueueKind::Memory,
+            log_store: EMBEDDED_LOG,
+            queue: EMBEDDED_QUEUE,
             data_dir: PathBuf::from("sheaf-data"),
             sqlite_sync: SqliteSync::Normal,
             postgres_url: None,

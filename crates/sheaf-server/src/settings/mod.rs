@@ -269,7 +269,13 @@ struct StoreSettings {
 
 fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
     let log_store = values.choice_of(&s::LOG_STORE, names::LOG_STORE_WORDS)?;
-    let queue = values.choice_of(&s::QUEUE, names::QUEUE_WORDS)?;
+    // Unset, the queue is the embedded store's when the log is: the SQLite file by default,
+    // and memory with `SHEAF_LOG_STORE=memory` (or a log store on a server, as before SQLite).
+    let queue = match values.optional(&s::QUEUE) {
+        Some(_) => values.choice_of(&s::QUEUE, names::QUEUE_WORDS)?,
+        None if log_store == LogStoreKind::Sqlite => QueueKind::Sqlite,
+        None => QueueKind::Memory,
+    };
     let data_dir = PathBuf::from(values.get(&s::DATA_DIR).unwrap_or_default());
     if data_dir.as_os_str().is_empty() {
         return Err(ConfigError::new(s::DATA_DIR.name, "is empty"));
@@ -313,12 +319,16 @@ fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
     }
     // Job rows carry no payload: a delivery reads its event from the log store. A durable queue
     // in front of a memory log store loses every pending delivery on a restart, and in a second
-    // process finds no event at all (the fault suite saw 2 of 200 events dropped that way), so
-    // the combination is refused rather than documented.
-    if queue == QueueKind::Postgres && log_store == LogStoreKind::Memory {
+    // process finds no event at all (the fault suite saw 2 of 200 events dropped that way); one
+    // process's SQLite file is as invisible to the others. So the combination is refused
+    // rather than documented.
+    if queue == QueueKind::Postgres
+        && matches!(log_store, LogStoreKind::Memory | LogStoreKind::Sqlite)
+    {
+        let word = names::word_of(names::LOG_STORE_WORDS, log_store);
         return Err(ConfigError::new(
             s::LOG_STORE.name,
-            "memory cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse",
+            format!("{word} cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse"),
         ));
     }
     // The SQLite queue's outbox is the log tables of its own file: there is no shipping from

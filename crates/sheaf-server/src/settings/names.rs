@@ -119,6 +119,14 @@ pub const LOG_STORE_WORDS: &[(&str, LogStoreKind)] = &[
     ("clickhouse", LogStoreKind::ClickHouse),
 ];
 
+/// The word `words` binds to `variant`, for messages that name a setting's value.
+pub fn word_of<T: PartialEq>(words: &[(&'static str, T)], variant: T) -> &'static str {
+    words
+        .iter()
+        .find(|(_, v)| *v == variant)
+        .map_or("?", |(word, _)| word)
+}
+
 /// The variant each word of [`SHEAF_QUEUE`](super::table::QUEUE) names (see [`LOG_STORE_WORDS`]).
 pub const QUEUE_WORDS: &[(&str, QueueKind)] = &[
     ("memory", QueueKind::Memory),

@@ -195,23 +195,23 @@ pub const PUBLIC_URL: Setting = setting(
 /// `SHEAF_LOG_STORE`.
 pub const LOG_STORE: Setting = setting(
     "SHEAF_LOG_STORE",
-    Some("memory"),
-    Kind::OneOf(&["memory", "sqlite", "postgres", "clickhouse"]),
-    "Where events and attempts are recorded. `sqlite` is the file `sheaf.db` in `SHEAF_DATA_DIR`, kept across restarts. `memory` is refused with `SHEAF_QUEUE=postgres`: jobs read their payload from the log store, which must be as durable and shared as the queue.",
+    Some("sqlite"),
+    Kind::OneOf(&["sqlite", "memory", "postgres", "clickhouse"]),
+    "Where events and attempts are recorded. `sqlite` (the default) is the file `sheaf.db` in `SHEAF_DATA_DIR`, kept across restarts and crashes; `memory` keeps everything in the process (with `SHEAF_QUEUE` unset too: nothing survives a restart), for tests and throwaway runs. With `SHEAF_QUEUE=postgres` it must be `postgres` or `clickhouse`: jobs read their payload from the log store, which must be as durable and as shared as the queue.",
 );
 /// `SHEAF_QUEUE`.
 pub const QUEUE: Setting = setting(
     "SHEAF_QUEUE",
-    Some("memory"),
-    Kind::OneOf(&["memory", "sqlite", "postgres"]),
-    "Where pending deliveries wait. `sqlite` (in `SHEAF_DATA_DIR`, kept across restarts) needs `SHEAF_LOG_STORE=sqlite`: the log tables are its outbox. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, else in the SQLite file whenever one of them is there, in memory otherwise.",
+    None,
+    Kind::OneOf(&["sqlite", "memory", "postgres"]),
+    "Where pending deliveries wait. Unset: `sqlite` when the log store is, else `memory`. `sqlite` (in `SHEAF_DATA_DIR`, kept across restarts) needs `SHEAF_LOG_STORE=sqlite`: the log tables are its outbox. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, else in the SQLite file whenever one of them is there, in memory otherwise.",
 );
 /// `SHEAF_DATA_DIR`.
 pub const DATA_DIR: Setting = setting(
     "SHEAF_DATA_DIR",
     Some("sheaf-data"),
     Kind::Text("a directory path, relative to the working directory or absolute"),
-    "Where the SQLite store keeps its file (`sheaf.db`, with its `-wal`, `-shm` and `.lock` files beside it) when `SHEAF_LOG_STORE` or `SHEAF_QUEUE` is `sqlite`; created at start if missing. One process per directory: a second one is refused at start, naming the directory.",
+    "Where the SQLite store (the default) keeps its file (`sheaf.db`, with its `-wal`, `-shm` and `.lock` files beside it) when `SHEAF_LOG_STORE` or `SHEAF_QUEUE` is `sqlite`; created at start if missing. One process per directory: a second one is refused at start, naming the directory.",
 );
 /// `SHEAF_SQLITE_SYNC`.
 pub const SQLITE_SYNC: Setting = setting(
@@ -939,7 +939,7 @@ mod tests {
         );
         assert_eq!(
             LOG_STORE.valid(),
-            "`memory`, `sqlite`, `postgres`, `clickhouse`"
+            "`sqlite`, `memory`, `postgres`, `clickhouse`"
         );
         assert_eq!(CDC_HEARTBEAT_INTERVAL.valid(), "`0s`, or a duration 1s..1h");
     }

@@ -20,8 +20,32 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 fn defaults_load() {
     let config = Config::load(HashMap::new()).unwrap();
     assert_eq!(config.listen.to_string(), "127.0.0.1:8470");
-    assert_eq!(config.engine.log_store, LogStoreKind::Memory);
+    // Every store in the SQLite file, unless the log store is told otherwise.
+    assert_eq!(config.engine.log_store, LogStoreKind::Sqlite);
+    assert_eq!(config.engine.queue, QueueKind::Sqlite);
+    assert_eq!(config.engine.entity_home(), EntityHome::Sqlite);
     assert_eq!(config.engine.retry.schedule.len(), 5);
+    // The memory log alone brings the memory queue along; a log on a server keeps it too.
+    let memory = Config::load(env(&[("SHEAF_LOG_STORE", "memory")])).unwrap();
+    assert_eq!(memory.engine.queue, QueueKind::Memory);
+    assert_eq!(memory.engine.entity_home(), EntityHome::Memory);
+    let clickhouse = Config::load(env(&[
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_CLICKHOUSE_URL", "http://127.0.0.1:8123"),
+    ]))
+    .unwrap();
+    assert_eq!(clickhouse.engine.queue, QueueKind::Memory);
+    // A Postgres queue needs a shared log store: neither this process's memory nor its file.
+    for log_store in ["memory", "sqlite"] {
+        let err = Config::load(env(&[
+            ("SHEAF_QUEUE", "postgres"),
+            ("SHEAF_LOG_STORE", log_store),
+            ("SHEAF_POSTGRES_URL", "postgres://sheaf@127.0.0.1/sheaf"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.setting, "SHEAF_LOG_STORE", "{err}");
+        assert!(err.message.starts_with(log_store), "{err}");
+    }
 }
 
 /// A value other than the default, valid for the setting's kind; text settings have theirs
@@ -120,6 +144,8 @@ const COMPANIONS: &[(&str, (&str, &str))] = &[
 /// Settings that must not be set alone either: the load starts from this value of theirs (with
 /// their companion), so that the sample is a change of value rather than a first setting.
 const STARTING_VALUES: &[(&str, &str)] = &[
+    // No default of its own (it follows the log store's), so start from the other embedded one.
+    ("SHEAF_QUEUE", "memory"),
     (
         "SHEAF_OPERATOR_WEBHOOK_URL",
         "https://before.example.com/sheaf",

@@ -49,7 +49,7 @@ fn variables_without_the_prefix_are_not_settings_and_are_ignored() {
         ("XSHEAF_LOGSTORE", "clickhouse"),
     ]))
     .unwrap();
-    assert_eq!(config.engine.log_store, LogStoreKind::Memory);
+    assert_eq!(config.engine.log_store, LogStoreKind::Sqlite, "the default, untouched");
 }
 
 /// The test suites, benchmarks, fault suite and xtask set `SHEAF_` variables of their own that a
@@ -271,7 +271,7 @@ fn a_word_is_read_as_its_own_variant_whatever_the_list_order() {
     let err = Config::load(env(&[("SHEAF_LOG_STORE", "cassandra")])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_LOG_STORE");
     assert!(
-        err.message.contains("memory, sqlite, postgres, clickhouse"),
+        err.message.contains("sqlite, memory, postgres, clickhouse"),
         "{err}"
     );
 }
