@@ -1,7 +1,7 @@
 //! Backend selection: which `LogStore`, `JobQueue` and `EntityStore` the service runs on.
 //!
-//! The memory backends are the embedded default; the SQLite file (`SHEAF_DATA_DIR`) is the
-//! durable embedded one. Tenants and destinations follow the shared stores
+//! The SQLite file (`SHEAF_DATA_DIR`) is the embedded default; the memory backends keep
+//! everything in the process, for tests and throwaway runs. Tenants and destinations follow the shared stores
 //! ([`EngineConfig::entity_home`]): they live in Postgres whenever the queue or the log store
 //! does, because several processes sharing a queue must see the same destinations, else in the
 //! SQLite file when a store is there. Bulk replays follow them, so that any of those processes

@@ -498,7 +498,7 @@ pub const MEMORY_LOG_MAX_EVENTS: Setting = setting(
         min: 1,
         max: 100_000_000,
     },
-    "With the memory log: how many events it keeps besides those still owed a delivery (which are kept until delivered, whatever this says); the oldest go first.",
+    "With the memory or the SQLite log: how many events it keeps besides those still owed a delivery (which are kept until delivered, whatever this says); the oldest go first.",
 );
 /// `SHEAF_MEMORY_LOG_MAX_ATTEMPTS`.
 pub const MEMORY_LOG_MAX_ATTEMPTS: Setting = setting(
@@ -508,7 +508,7 @@ pub const MEMORY_LOG_MAX_ATTEMPTS: Setting = setting(
         min: 1,
         max: 400_000_000,
     },
-    "With the memory log: how many attempts it keeps besides those of events still owed a delivery; an attempt also goes with its event.",
+    "With the memory or the SQLite log: how many attempts it keeps besides those of events still owed a delivery; an attempt also goes with its event.",
 );
 /// `SHEAF_MEMORY_LOG_MAX_AGE`.
 pub const MEMORY_LOG_MAX_AGE: Setting = setting(
@@ -518,7 +518,7 @@ pub const MEMORY_LOG_MAX_AGE: Setting = setting(
         min: MINUTE,
         max: Duration::from_secs(365 * 24 * 3600),
     },
-    "With the memory log: events and attempts older than this are dropped (checked every 2 s), except those still owed a delivery.",
+    "With the memory or the SQLite log: events and attempts older than this are dropped (checked every 2 s), except those still owed a delivery.",
 );
 // What the embedded default may hold for deliveries still owed, beside the log's retention
 // (25,000 events, ~70 MB at 2 KB payloads). A held 1 KB event costs about 2 KB of memory all
