@@ -15,12 +15,14 @@ fn usage() -> String {
         "sheaf {version}: event delivery with signed webhooks and coalesced database work\n\n\
          Usage: sheaf <command>\n\n\
          Commands:\n  \
-         serve       run the service (memory backends and loopback by default)\n  \
-         migrate     create or upgrade the Postgres and ClickHouse schemas the settings name, then exit\n  \
+         serve       run the service (the SQLite file in ./sheaf-data and loopback by default)\n  \
+         migrate     create or upgrade the schemas of the stores the settings name (the SQLite\n              \
+         file, Postgres, ClickHouse), then exit\n  \
          secrets reseal [--check] [--batch N]\n              \
          re-seal every stored destination credential under SHEAF_SECRETS_KEY, N per page\n              \
-         (default 500), while servers keep running; --check only counts what is left under\n              \
-         another key and exits non-zero if any is\n  \
+         (default 500), while servers keep running (on Postgres; the SQLite file's server\n              \
+         must be stopped first); --check only counts what is left under another key and\n              \
+         exits non-zero if any is\n  \
          backup PATH write a consistent copy of the SQLite file (SHEAF_DATA_DIR) to PATH, also\n              \
          while a server runs on it; restore by stopping the server and putting the copy in\n              \
          place of sheaf.db (without the old sheaf.db-wal and sheaf.db-shm)\n  \

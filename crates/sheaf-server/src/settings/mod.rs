@@ -328,7 +328,9 @@ fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
         let word = names::word_of(names::LOG_STORE_WORDS, log_store);
         return Err(ConfigError::new(
             s::LOG_STORE.name,
-            format!("{word} cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse"),
+            format!(
+                "{word} cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse"
+            ),
         ));
     }
     // The SQLite queue's outbox is the log tables of its own file: there is no shipping from

@@ -53,26 +53,55 @@ macro_rules! wait_until {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_reach_a_receiver_one_row_per_message() {
     let url = sheaf_testenv::require_postgres!("changes_reach_a_receiver_one_row_per_message");
-    changes_reach_a_receiver(&url, false).await;
+    changes_reach_a_receiver(&url, false, Store::Memory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_reach_a_receiver_one_transaction_per_message() {
     let url =
         sheaf_testenv::require_postgres!("changes_reach_a_receiver_one_transaction_per_message");
-    changes_reach_a_receiver(&url, true).await;
+    changes_reach_a_receiver(&url, true, Store::Memory).await;
+}
+
+/// The same on the SQLite store: a transaction's events are committed in the file with their
+/// jobs before the slot is acknowledged past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_reach_a_receiver_on_the_sqlite_store() {
+    let url = sheaf_testenv::require_postgres!("changes_reach_a_receiver_on_the_sqlite_store");
+    changes_reach_a_receiver(&url, true, Store::Sqlite).await;
+}
+
+/// Where a test server of the CDC tests keeps its events.
+#[derive(Debug, Clone, Copy)]
+enum Store {
+    Memory,
+    Sqlite,
+}
+
+impl Store {
+    /// The settings of one new, empty store of this kind.
+    fn fresh(self) -> HashMap<String, String> {
+        let mut env = base_env();
+        if let Store::Sqlite = self {
+            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(sheaf_testenv::unique_name("sheaf-data"));
+            env.insert("SHEAF_LOG_STORE".into(), "sqlite".into());
+            env.insert("SHEAF_DATA_DIR".into(), dir.display().to_string());
+        }
+        env
+    }
 }
 
 /// Inserts (one transaction of three rows), an update, a delete and a truncate reach the
 /// receiver as six events; the slot is acknowledged past them; a graceful stop and a restart
-/// on the same slot (on fresh memory stores, which would deliver any replay again) deliver
-/// only the next change.
-async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
+/// on the same slot (on fresh stores, which would deliver any replay again) deliver only the
+/// next change.
+async fn changes_reach_a_receiver(url: &str, batch_transactions: bool, store: Store) {
     let app = App::new(url).await;
     with_app(app, move |app| async move {
         let tenant = "shop";
         let receiver = Receiver::start().await.expect("the receiver binds");
-        let mut env = base_env();
+        let mut env = store.fresh();
         env.extend(app.cdc_env(tenant));
         env.insert(
             "SHEAF_CDC_BATCH_TRANSACTIONS".into(),
@@ -203,9 +232,11 @@ async fn changes_reach_a_receiver(url: &str, batch_transactions: bool) {
         assert_eq!(client.metric("sheaf_cdc_streaming").await, 1.0);
         server.shutdown().await;
 
-        // A restart on the same slot, on new memory stores: anything re-read would be a new
-        // event there and be delivered a second time.
-        let server = start_server(env).await;
+        // A restart on the same slot, on new stores: anything re-read would be a new event
+        // there and be delivered a second time.
+        let mut env_again = store.fresh();
+        env_again.extend(env.into_iter().filter(|(k, _)| k.starts_with("SHEAF_CDC_")));
+        let server = start_server(env_again).await;
         let client = Client::new(server.addr);
         client
             .tenant_with_destination(tenant, &receiver.url())

@@ -49,7 +49,11 @@ fn variables_without_the_prefix_are_not_settings_and_are_ignored() {
         ("XSHEAF_LOGSTORE", "clickhouse"),
     ]))
     .unwrap();
-    assert_eq!(config.engine.log_store, LogStoreKind::Sqlite, "the default, untouched");
+    assert_eq!(
+        config.engine.log_store,
+        LogStoreKind::Sqlite,
+        "the default, untouched"
+    );
 }
 
 /// The test suites, benchmarks, fault suite and xtask set `SHEAF_` variables of their own that a
