@@ -58,6 +58,8 @@ pub fn run(verify: Verify) -> anyhow::Result<bool> {
         .map(|name| format!("--package={name}"))
         .collect();
 
+    forget_unpacked_packages(&crates)?;
+
     // `--allow-dirty`: this is a check of what the working tree would publish, run before a
     // commit as much as after one; publishing itself is not done here.
     let mut package = cargo(&["package", "--offline", "--allow-dirty"]);
@@ -90,6 +92,45 @@ pub fn run(verify: Verify) -> anyhow::Result<bool> {
         started.elapsed()
     );
     Ok(packaged && documented)
+}
+
+/// Removes the sources cargo unpacked from earlier packagings of `crates`.
+///
+/// The verification builds a crate's dependencies on the others from the `.crate` files just
+/// made, through a local registry in `target/package`. Cargo unpacks each into
+/// `$CARGO_HOME/registry/src/-<hash of that registry's path>/<name>-<version>` and, as it does
+/// for any registry, never unpacks a version it finds there again: registry sources are
+/// supposed to be immutable. Ours are not (every commit is `0.1.0`), so a second packaging
+/// from the same checkout path (a CI that clones into one directory every time) would build
+/// the previous run's sources and fail on what changed since. The local registries are the
+/// directories whose names start with `-`; only Sheaf's own crates are removed from them.
+fn forget_unpacked_packages(crates: &[String]) -> anyhow::Result<()> {
+    let home = match std::env::var_os("CARGO_HOME") {
+        Some(home) => std::path::PathBuf::from(home),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cargo"),
+    };
+    let Ok(registries) = std::fs::read_dir(home.join("registry").join("src")) else {
+        return Ok(()); // nothing was ever unpacked
+    };
+    for registry in registries.flatten() {
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for unpacked in std::fs::read_dir(registry.path())?.flatten() {
+            let name = unpacked.file_name().to_string_lossy().into_owned();
+            let ours = crates.iter().any(|krate| {
+                name.strip_prefix(krate.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if ours {
+                std::fs::remove_dir_all(unpacked.path())
+                    .with_context(|| format!("cannot remove {}", unpacked.path().display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn cargo(args: &[&str]) -> Command {
