@@ -2,7 +2,7 @@
 //! and publication, dropped whatever the outcome), reading a delivered change back, and the
 //! end-to-end test's workload.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use sheaf_testenv::receiver::Receiver;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use crate::support::{Client, spawn_sheaf};
+use crate::support::{Client, base_env, spawn_sheaf};
 
 /// The application's database for one test, and what to drop afterwards.
 pub(super) struct App {
@@ -392,5 +392,26 @@ pub(super) async fn wait_metric(
             "{name} = {value} after {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Where a test server of the CDC tests keeps its events.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Store {
+    Memory,
+    Sqlite,
+}
+
+impl Store {
+    /// The settings of one new, empty store of this kind.
+    pub(super) fn fresh(self) -> HashMap<String, String> {
+        let mut env = base_env();
+        if let Store::Sqlite = self {
+            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(sheaf_testenv::unique_name("sheaf-data"));
+            env.insert("SHEAF_LOG_STORE".into(), "sqlite".into());
+            env.insert("SHEAF_DATA_DIR".into(), dir.display().to_string());
+        }
+        env
     }
 }

@@ -28,7 +28,7 @@ use crate::support::{Client, base_env, kill, start_server, stop_clean};
 mod fixture;
 
 use fixture::{
-    App, all_events_once_shipped, body_json, change_key, delivered_changes, key, lsn,
+    App, Store, all_events_once_shipped, body_json, change_key, delivered_changes, key, lsn,
     run_transaction, spawn_with, wait_metric, wait_streaming, with_app, workload,
 };
 
@@ -69,27 +69,6 @@ async fn changes_reach_a_receiver_one_transaction_per_message() {
 async fn changes_reach_a_receiver_on_the_sqlite_store() {
     let url = sheaf_testenv::require_postgres!("changes_reach_a_receiver_on_the_sqlite_store");
     changes_reach_a_receiver(&url, true, Store::Sqlite).await;
-}
-
-/// Where a test server of the CDC tests keeps its events.
-#[derive(Debug, Clone, Copy)]
-enum Store {
-    Memory,
-    Sqlite,
-}
-
-impl Store {
-    /// The settings of one new, empty store of this kind.
-    fn fresh(self) -> HashMap<String, String> {
-        let mut env = base_env();
-        if let Store::Sqlite = self {
-            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-                .join(sheaf_testenv::unique_name("sheaf-data"));
-            env.insert("SHEAF_LOG_STORE".into(), "sqlite".into());
-            env.insert("SHEAF_DATA_DIR".into(), dir.display().to_string());
-        }
-        env
-    }
 }
 
 /// Inserts (one transaction of three rows), an update, a delete and a truncate reach the
