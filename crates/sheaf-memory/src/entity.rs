@@ -173,30 +173,7 @@ impl EntityStore for MemoryEntityStore {
     ) -> Result<Destination> {
         let mut state = self.state.write();
         let destination = state.destination_mut(tenant, id)?;
-        if let Some(config) = &patch.config {
-            destination.config = config.clone();
-        }
-        if let Some(topics) = &patch.topics {
-            destination.topics = topics.clone();
-        }
-        if let Some(filter) = &patch.filter {
-            destination.filter = filter.clone();
-        }
-        if let Some(rate_limit) = patch.rate_limit {
-            destination.rate_limit = rate_limit;
-        }
-        if let Some(headers) = &patch.headers {
-            destination.headers = headers.clone();
-        }
-        if let Some(enabled) = patch.enabled {
-            destination.enabled = enabled;
-            destination.disabled_reason = if enabled {
-                None
-            } else {
-                patch.disabled_reason.clone()
-            };
-        }
-        destination.updated_at = touch(destination.updated_at);
+        patch.apply_to(destination);
         Ok(destination.clone())
     }
 

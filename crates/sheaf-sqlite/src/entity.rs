@@ -195,33 +195,6 @@ async fn save(connection: &mut SqliteConnection, d: &Destination, insert: bool) 
     Ok(())
 }
 
-fn apply_patch(destination: &mut Destination, patch: &DestinationPatch) {
-    if let Some(config) = &patch.config {
-        destination.config = config.clone();
-    }
-    if let Some(topics) = &patch.topics {
-        destination.topics = topics.clone();
-    }
-    if let Some(filter) = &patch.filter {
-        destination.filter = filter.clone();
-    }
-    if let Some(rate_limit) = patch.rate_limit {
-        destination.rate_limit = rate_limit;
-    }
-    if let Some(headers) = &patch.headers {
-        destination.headers = headers.clone();
-    }
-    if let Some(enabled) = patch.enabled {
-        destination.enabled = enabled;
-        destination.disabled_reason = if enabled {
-            None
-        } else {
-            patch.disabled_reason.clone()
-        };
-    }
-    destination.updated_at = touch(destination.updated_at);
-}
-
 /// One report applied to `destination` (the rules of `EntityStore::record_delivery_health`);
 /// returns its changes, and whether the row needs writing.
 fn apply_health(
@@ -395,7 +368,7 @@ impl EntityStore for SqliteEntityStore {
                     let mut destination = load(c, &tenant, &id)
                         .await?
                         .ok_or_else(|| missing_destination(&tenant, &id))?;
-                    apply_patch(&mut destination, &patch);
+                    patch.apply_to(&mut destination);
                     save(c, &destination, false).await?;
                     Ok(destination)
                 })

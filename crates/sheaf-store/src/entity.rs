@@ -386,6 +386,36 @@ impl DestinationPatch {
             ..Default::default()
         }
     }
+
+    /// Applies the patch to `destination` as every backend must: each field given replaces
+    /// the stored one; `enabled: true` clears the disabled reason and `enabled: false` records
+    /// the patch's; `updated_at` moves to now, never backwards.
+    pub fn apply_to(&self, destination: &mut Destination) {
+        if let Some(config) = &self.config {
+            destination.config = config.clone();
+        }
+        if let Some(topics) = &self.topics {
+            destination.topics = topics.clone();
+        }
+        if let Some(filter) = &self.filter {
+            destination.filter = filter.clone();
+        }
+        if let Some(rate_limit) = self.rate_limit {
+            destination.rate_limit = rate_limit;
+        }
+        if let Some(headers) = &self.headers {
+            destination.headers = headers.clone();
+        }
+        if let Some(enabled) = self.enabled {
+            destination.enabled = enabled;
+            destination.disabled_reason = if enabled {
+                None
+            } else {
+                self.disabled_reason.clone()
+            };
+        }
+        destination.updated_at = Timestamp::now().max(destination.updated_at);
+    }
 }
 
 /// What a destination keeps of its credentials, as stored: the values a service that seals
