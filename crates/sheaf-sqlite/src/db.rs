@@ -15,6 +15,7 @@ use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use crate::error::{decode, from_sqlx};
+use crate::space::Space;
 use crate::writer::Writer;
 
 /// What the stores share. Cheap to clone.
@@ -25,6 +26,8 @@ pub(crate) struct Db {
     pub(crate) path: Arc<PathBuf>,
     /// The lock file, held while the store is open (`SqliteOptions::lock`); `close` lets go.
     pub(crate) lock: Arc<std::sync::Mutex<Option<std::fs::File>>>,
+    /// The size cap's door, when the file has a cap (`SqliteOptions::max_size_bytes`).
+    pub(crate) space: Option<Arc<Space>>,
 }
 
 impl Db {
@@ -33,13 +36,27 @@ impl Db {
         writer: Writer,
         path: PathBuf,
         lock: Option<std::fs::File>,
+        space: Option<Arc<Space>>,
     ) -> Self {
         Db {
             readers,
             writer,
             path: Arc::new(path),
             lock: Arc::new(std::sync::Mutex::new(lock)),
+            space,
         }
+    }
+
+    /// `Ok` unless the size cap's door is shut to new events (`space.rs`).
+    pub(crate) fn admit(&self, doing: &str) -> Result<()> {
+        self.space
+            .as_ref()
+            .map_or(Ok(()), |space| space.admit(doing))
+    }
+
+    /// How many pages retention should free beyond its bounds (`space.rs`); 0 without a cap.
+    pub(crate) fn pressure(&self) -> i64 {
+        self.space.as_ref().map_or(0, |space| space.pressure())
     }
 
     /// `SELECT 1` on a reader, for readiness checks.

@@ -12,6 +12,7 @@ mod outbox;
 mod queue;
 mod replay;
 mod retention;
+mod space;
 mod writer;
 
 use std::path::Path;
@@ -31,6 +32,7 @@ pub use replay::SqliteReplayStore;
 pub use retention::LogRetention;
 
 use crate::db::Db;
+use crate::space::Space;
 use crate::writer::Writer;
 
 /// The stores over one SQLite file: one writer connection behind a write coalescer, and a pool
@@ -79,15 +81,24 @@ impl SqliteStore {
             .await
             .map_err(opening)?;
         migrate::run(&mut connection, &path).await?;
+        let space = options
+            .max_size_bytes
+            .map(|bytes| Arc::new(Space::new(bytes)));
+        if let Some(space) = &space {
+            space
+                .measure(&mut connection)
+                .await
+                .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
+        }
         let readers = SqlitePoolOptions::new()
             .max_connections(options.readers)
             .min_connections(0)
             .connect_with(options.connect(&path).read_only(true))
             .await
             .map_err(opening)?;
-        let writer = Writer::start(connection, options.write)
+        let writer = Writer::start(connection, options.write, space.clone())
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
-        let db = Db::new(readers, writer, path, lock);
+        let db = Db::new(readers, writer, path, lock, space);
         Ok(SqliteStore {
             log: SqliteLogStore::new(db.clone(), options.retention),
             entities: SqliteEntityStore::new(db.clone()),

@@ -320,6 +320,10 @@ impl LogStore for SqliteLogStore {
         if events.is_empty() && attempts.is_empty() {
             return Ok(());
         }
+        // Attempts alone are deliveries' records, which the size cap's reserve is kept for.
+        if !events.is_empty() {
+            self.db.admit("inserting events")?;
+        }
         let bytes = batch_bytes(&events, &attempts);
         self.db
             .writer

@@ -46,9 +46,11 @@ pub struct SqliteOptions {
     /// share the writer lock with the first.
     pub lock: bool,
     /// The largest the database file may grow, in bytes (SQLite's `max_page_count`); `None`:
-    /// as large as the disk allows. A write that would pass it fails as `Unavailable`, exactly
-    /// as on a full disk, and nothing committed is lost: a cap below the disk's free space
-    /// keeps a flood from filling the disk the rest of the machine needs.
+    /// as large as the disk allows. A cap below the disk's free space keeps a flood from filling
+    /// the disk the rest of the machine needs. The last eighth of it is a reserve: new events
+    /// are refused as `Unavailable` in front of it while deliveries and retention write on, and
+    /// retention frees delivered history beyond its bounds as the file nears it (the crate's
+    /// `space` module). Nothing committed is lost either way.
     pub max_size_bytes: Option<u64>,
     /// How much of the log [`LogStore::maintain`](sheaf_store::LogStore::maintain) keeps.
     pub retention: LogRetention,
@@ -105,15 +107,17 @@ impl SqliteOptions {
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))
     }
 
-    /// The writer's options beyond [`Self::connect`]'s: the size cap, counted in 4 KiB pages
-    /// (SQLite's default page size, which this crate never changes).
+    /// The writer's options beyond [`Self::connect`]'s: the size cap, counted in pages.
     pub(crate) fn connect_writer(
         &self,
         path: &std::path::Path,
     ) -> sqlx::sqlite::SqliteConnectOptions {
         let options = self.connect(path).create_if_missing(true);
         match self.max_size_bytes {
-            Some(bytes) => options.pragma("max_page_count", (bytes / 4096).to_string()),
+            Some(bytes) => options.pragma(
+                "max_page_count",
+                (bytes / crate::space::PAGE_BYTES).to_string(),
+            ),
             None => options,
         }
     }

@@ -112,6 +112,7 @@ impl Outbox for SqliteOutbox {
         if intakes.is_empty() {
             return Ok(Accepted::default());
         }
+        self.db.admit("accepting events")?;
         let events: Vec<Event> = intakes.iter().map(|i| i.event.clone()).collect();
         let jobs: usize = intakes.iter().map(|i| i.jobs.len()).sum();
         let bytes = batch_bytes(&events, &[]) + 160 * jobs;

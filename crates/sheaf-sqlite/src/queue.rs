@@ -255,6 +255,7 @@ impl JobQueue for SqliteJobQueue {
         if jobs.is_empty() {
             return Ok(());
         }
+        self.db.admit("enqueueing jobs")?;
         self.db
             .writer
             .run("enqueueing jobs", 160 * jobs.len(), move |c| {

@@ -6,7 +6,8 @@
 //! would hold every publish behind it. Freed pages go to the file's free list, where new rows
 //! reuse them, so a steady flood keeps the file at the size its retention allows; when more
 //! than a quarter of the file is free (after a burst), incremental vacuum hands free pages back
-//! to the file system.
+//! to the file system. A file that nears its size cap frees more than the bounds ask, oldest
+//! first (`space.rs`).
 
 use std::time::Duration;
 
@@ -63,10 +64,12 @@ const UNHELD_EVENT: &str = "NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.tenant_i
 pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
     let mut did = false;
     for _ in 0..MAX_BATCHES {
+        // Measured after every flush, so each batch sees what the one before freed.
+        let pressure = db.pressure();
         let deleted = db
             .writer
             .run("enforcing the log's retention", 64, move |c| {
-                Box::pin(async move { one_batch(c, retention).await })
+                Box::pin(async move { one_batch(c, retention, pressure).await })
             })
             .await?;
         if deleted == 0 {
@@ -85,7 +88,16 @@ pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
 
 /// Deletes one batch past the bounds: the oldest unheld events over the count, then those past
 /// the age (each with its attempts), then the same for attempts; returns how many rows went.
-async fn one_batch(connection: &mut SqliteConnection, retention: LogRetention) -> Result<u64> {
+/// Under `pressure` (pages the file should free as it nears its size cap, `space.rs`), at least
+/// as many of the oldest unheld events and attempts go as there are pages to free, whatever the
+/// counts say: most rows take a page or less, so this rarely frees much more than asked, and the next batch,
+/// measured anew, frees the rest.
+async fn one_batch(
+    connection: &mut SqliteConnection,
+    retention: LogRetention,
+    pressure: i64,
+) -> Result<u64> {
+    let at_least = pressure.min(BATCH);
     let cutoff = retention
         .max_age
         .map(|age| Timestamp::now().saturating_sub(age).as_micros());
@@ -94,6 +106,7 @@ async fn one_batch(connection: &mut SqliteConnection, retention: LogRetention) -
     let over = count(connection, "events").await?
         - count_held(connection, "events").await?
         - bound(retention.max_events);
+    let over = over.max(at_least);
     if over > 0 {
         deleted += delete_events(connection, "1", None, over.min(BATCH)).await?;
     }
@@ -103,13 +116,42 @@ async fn one_batch(connection: &mut SqliteConnection, retention: LogRetention) -
     let over = count(connection, "attempts").await?
         - count_held(connection, "attempts").await?
         - bound(retention.max_attempts);
+    let over = over.max(at_least);
     if over > 0 {
         deleted += delete_attempts(connection, "1", None, over.min(BATCH)).await?;
     }
     if let Some(cutoff) = cutoff {
         deleted += delete_attempts(connection, "a.attempt_time < ?1", Some(cutoff), BATCH).await?;
     }
+    if (deleted as i64) < at_least {
+        // Only what deliveries wait for is left to free: the failed attempts a later attempt
+        // of the same delivery supersedes (a retry needs only the latest).
+        deleted += delete_superseded_attempts(connection, at_least - deleted as i64).await?;
+    }
     Ok(deleted)
+}
+
+/// Deletes up to `limit` of the oldest attempts of held events that a later attempt to the same
+/// destination supersedes.
+async fn delete_superseded_attempts(connection: &mut SqliteConnection, limit: i64) -> Result<u64> {
+    let done = sqlx::query(
+        "DELETE FROM attempts WHERE rowid IN (
+             SELECT a.rowid FROM attempts AS a
+             WHERE EXISTS (SELECT 1 FROM jobs AS j
+                           WHERE j.tenant_id = a.tenant_id AND j.event_id = a.event_id)
+               AND EXISTS (SELECT 1 FROM attempts AS later
+                           WHERE later.tenant_id = a.tenant_id
+                             AND later.event_id = a.event_id
+                             AND later.destination_id = a.destination_id
+                             AND later.attempt_time > a.attempt_time)
+             ORDER BY a.attempt_time
+             LIMIT ?1)",
+    )
+    .bind(limit)
+    .execute(&mut *connection)
+    .await
+    .map_err(|e| from_sqlx("freeing space near the size limit", e))?;
+    Ok(done.rows_affected())
 }
 
 fn bound(max: usize) -> i64 {

@@ -26,6 +26,7 @@ use std::pin::Pin;
 use tokio::sync::{Mutex, oneshot};
 
 use crate::error::from_sqlx;
+use crate::space::Space;
 
 /// A future that borrows the writer connection for `'c`.
 pub(crate) type OpFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
@@ -55,6 +56,8 @@ where
 /// The coalescer's sink: the writer connection.
 struct Flusher {
     connection: Mutex<SqliteConnection>,
+    /// Measured after every committed flush, when the file has a size cap.
+    space: Option<Arc<Space>>,
 }
 
 impl BatchWriter for Flusher {
@@ -67,7 +70,14 @@ impl BatchWriter for Flusher {
 
     async fn write(&self, ops: Vec<WriteOp>) -> Result<()> {
         let mut connection = self.connection.lock().await;
-        flush(&mut connection, ops).await
+        flush(&mut connection, ops).await?;
+        if let Some(space) = &self.space {
+            // The flush committed; a failed measurement leaves the last one standing.
+            if let Err(e) = space.measure(&mut connection).await {
+                tracing::debug!(error = %e, "measuring the sqlite database after a flush");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -153,10 +163,16 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// Starts the coalescer's worker over `connection`; must be called inside a Tokio runtime.
-    pub(crate) fn start(connection: SqliteConnection, config: WriteConfig) -> Result<Self> {
+    /// Starts the coalescer's worker over `connection`, measuring `space` after every flush;
+    /// must be called inside a Tokio runtime.
+    pub(crate) fn start(
+        connection: SqliteConnection,
+        config: WriteConfig,
+        space: Option<Arc<Space>>,
+    ) -> Result<Self> {
         let flusher = Flusher {
             connection: Mutex::new(connection),
+            space,
         };
         let metrics = Arc::new(CoalesceMetrics::new());
         let coalescer = WriteCoalescer::with_observer(flusher, config, metrics.clone())

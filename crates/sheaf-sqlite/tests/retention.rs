@@ -175,3 +175,181 @@ async fn a_flood_under_retention_keeps_the_file_bounded() {
     );
     db.store.close().await;
 }
+
+/// Under a size cap, new events stop at the door while deliveries' attempts still write into
+/// the reserve; retention then frees the oldest delivered history beyond its bounds (which
+/// would keep everything here), never an event a job waits for, and new events fit again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_file_refuses_new_events_first_and_frees_history_by_itself() {
+    let db = TestDb::with_options(
+        "retention-cap",
+        SqliteOptions {
+            max_size_bytes: Some(2 * 1024 * 1024),
+            retention: LogRetention {
+                max_age: None,
+                max_events: 1_000_000,
+                max_attempts: 1_000_000,
+            },
+            ..SqliteOptions::default()
+        },
+    )
+    .await;
+    let (log, queue) = (db.store.log_store(), db.store.job_queue());
+    let tenant = unique_tenant("cap");
+    let payload = Payload::new(serde_json::json!({ "blob": "x".repeat(2000) }));
+    let d = DestinationId::generate();
+    let mut written = Vec::new();
+    let mut refusal = None;
+    for batch in 0..200 {
+        let events: Vec<_> = (0..10)
+            .map(|i| {
+                let mut e = event(&tenant, &format!("b{batch}-{i}"), "t", Timestamp::now());
+                e.data = payload.clone();
+                e
+            })
+            .collect();
+        match log.insert_many(&events, &[]).await {
+            Ok(()) => written.extend(events),
+            Err(e) => {
+                refusal = Some(e);
+                break;
+            }
+        }
+        if batch == 0 {
+            // The first event waits for a delivery: retention must keep it.
+            queue
+                .enqueue(&[Job {
+                    id: JobId::generate(),
+                    tenant_id: tenant.clone(),
+                    event_id: written[0].id.clone(),
+                    destination_id: d,
+                    attempt_number: 1,
+                    last_attempt_time: None,
+                    due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
+                }])
+                .await
+                .expect("enqueue");
+        }
+    }
+    let refusal = refusal.expect("the door shut before 2,000 events of 2 KB");
+    assert_eq!(refusal.kind(), sheaf_store::ErrorKind::Unavailable);
+    assert!(
+        refusal.to_string().contains("size limit"),
+        "the refusal says why: {refusal}"
+    );
+    eprintln!("refused after {} events: {refusal}", written.len());
+
+    // Deliveries write on into the reserve: attempts alone are taken.
+    let attempts: Vec<_> = written[..20]
+        .iter()
+        .map(|e| attempt(e, d, Timestamp::now()))
+        .collect();
+    log.insert_many(&[], &attempts)
+        .await
+        .expect("attempts are written behind a shut door");
+
+    while log.maintain().await.expect("maintain") {}
+    let again = event(&tenant, "after", "t", Timestamp::now());
+    log.insert_many(std::slice::from_ref(&again), &[])
+        .await
+        .expect("new events fit once retention freed history");
+    let kept = |e: &sheaf_store::Event| {
+        let log = log.clone();
+        let (tenant, id) = (e.tenant_id.clone(), e.id.clone());
+        async move { log.get_event(&tenant, &id).await.expect("read").is_some() }
+    };
+    assert!(kept(&written[0]).await, "the held event stays");
+    assert!(
+        !kept(&written[1]).await,
+        "the oldest delivered history went"
+    );
+    assert!(
+        kept(written.last().expect("some")).await,
+        "the newest stays"
+    );
+    db.store.close().await;
+}
+
+/// When only waiting deliveries fill a capped file, their superseded failed attempts make room
+/// (a retry reads only the latest), so recording attempts never stalls for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_file_full_of_retries_keeps_only_the_latest_attempts() {
+    let db = TestDb::with_options(
+        "retention-retries",
+        SqliteOptions {
+            max_size_bytes: Some(1024 * 1024),
+            ..SqliteOptions::default()
+        },
+    )
+    .await;
+    let (log, queue) = (db.store.log_store(), db.store.job_queue());
+    let tenant = unique_tenant("retries");
+    let e = event(&tenant, "waiting", "t", Timestamp::now());
+    let d = DestinationId::generate();
+    log.insert_many(std::slice::from_ref(&e), &[])
+        .await
+        .expect("insert");
+    queue
+        .enqueue(&[Job {
+            id: JobId::generate(),
+            tenant_id: tenant.clone(),
+            event_id: e.id.clone(),
+            destination_id: d,
+            attempt_number: 2,
+            last_attempt_time: None,
+            due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
+        }])
+        .await
+        .expect("enqueue");
+    let t = ago(Duration::from_secs(3600));
+    let failing = |n: i64| {
+        let mut a = attempt(&e, d, shift(t, n * 1000));
+        a.response_body = Some("no".repeat(1000));
+        a
+    };
+    let mut n = 0;
+    let full = loop {
+        let batch: Vec<_> = (n..n + 20).map(failing).collect();
+        match log.insert_many(&[], &batch).await {
+            Ok(()) => n += 20,
+            Err(e) => break e,
+        }
+        assert!(n < 10_000, "the 1 MiB limit was never reached");
+    };
+    assert_eq!(full.kind(), sheaf_store::ErrorKind::Unavailable, "{full}");
+    eprintln!("{n} attempts filled the file: {full}");
+    while log.maintain().await.expect("maintain") {}
+    let latest = failing(n - 1);
+    let kept = log
+        .list_attempts(
+            &tenant,
+            &sheaf_store::AttemptFilter::default(),
+            &PageRequest::first(500),
+        )
+        .await
+        .expect("list");
+    eprintln!("{} of {n} attempts kept", kept.items.len());
+    assert!(
+        kept.items.len() < n as usize,
+        "superseded attempts went: all {n} kept"
+    );
+    assert!(
+        kept.items.iter().all(|a| a.time != t),
+        "the oldest attempt went first"
+    );
+    let newest = log
+        .latest_attempt(&sheaf_store::AttemptKey {
+            tenant_id: tenant.clone(),
+            event_id: e.id.clone(),
+            destination_id: d,
+            attempt_time: t,
+        })
+        .await
+        .expect("latest")
+        .expect("the latest attempt stays");
+    assert_eq!(newest.time, latest.time);
+    log.insert_many(&[], &[failing(n)])
+        .await
+        .expect("attempts are recorded again");
+    db.store.close().await;
+}

@@ -126,6 +126,9 @@ pub struct EngineConfig {
     pub data_dir: PathBuf,
     /// `SHEAF_SQLITE_SYNC`.
     pub sqlite_sync: SqliteSync,
+    /// `SHEAF_SQLITE_MAX_SIZE_MIB`, in bytes: the largest the SQLite file may grow; `None`: as
+    /// large as the disk allows.
+    pub sqlite_max_size: Option<u64>,
     /// `SHEAF_POSTGRES_URL`.
     pub postgres_url: Option<String>,
     /// `SHEAF_CLICKHOUSE_URL`.
@@ -234,6 +237,7 @@ impl Default for EngineConfig {
             queue: EMBEDDED_QUEUE,
             data_dir: PathBuf::from("sheaf-data"),
             sqlite_sync: SqliteSync::Normal,
+            sqlite_max_size: None,
             postgres_url: None,
             clickhouse_url: None,
             postgres_schema: "sheaf".to_owned(),

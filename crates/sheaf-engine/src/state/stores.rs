@@ -240,6 +240,7 @@ mod sqlite {
                 max_events: retention.max_events,
                 max_attempts: retention.max_attempts,
             },
+            max_size_bytes: config.sqlite_max_size,
             ..SqliteOptions::default()
         };
         let file = config.sqlite_file();

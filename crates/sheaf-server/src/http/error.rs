@@ -8,6 +8,10 @@ use sheaf_store::ErrorKind;
 
 use sheaf_engine::PublishError;
 
+/// The `Retry-After` of a 503 `unavailable`: long enough for a reconnect, a failover or
+/// retention's next pass to free space, short enough that a client does not wait long past it.
+pub const UNAVAILABLE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -57,9 +61,14 @@ impl ApiError {
         Self::not_found(format!("tenant {tenant:?} does not exist"))
     }
 
-    /// 503 `unavailable`: a store could not be reached; the client should retry.
+    /// 503 `unavailable` with `Retry-After` ([`UNAVAILABLE_RETRY_AFTER`]): a store cannot take
+    /// the request now (unreachable, a full disk, a file at its size limit); the client should
+    /// retry, and nothing it had accepted before is lost.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self {
+            retry_after: Some(UNAVAILABLE_RETRY_AFTER),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
     }
 
     /// 500 `internal`.

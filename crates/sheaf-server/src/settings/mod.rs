@@ -144,6 +144,7 @@ impl Config {
             log_store: stores.log_store,
             data_dir: stores.data_dir,
             sqlite_sync: stores.sqlite_sync,
+            sqlite_max_size: stores.sqlite_max_size,
             queue: stores.queue,
             postgres_url: stores.postgres_url,
             clickhouse_url: stores.clickhouse_url,
@@ -261,6 +262,7 @@ struct StoreSettings {
     queue: QueueKind,
     data_dir: PathBuf,
     sqlite_sync: SqliteSync,
+    sqlite_max_size: Option<u64>,
     postgres_url: Option<String>,
     clickhouse_url: Option<String>,
     postgres_schema: String,
@@ -281,6 +283,10 @@ fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
         return Err(ConfigError::new(s::DATA_DIR.name, "is empty"));
     }
     let sqlite_sync = values.choice_of(&s::SQLITE_SYNC, names::SQLITE_SYNC_WORDS)?;
+    let sqlite_max_size = match values.usize(&s::SQLITE_MAX_SIZE_MIB)? {
+        0 => None,
+        mib => Some(mib as u64 * 1024 * 1024),
+    };
     let postgres_url = values.optional(&s::POSTGRES_URL);
     let clickhouse_url = values.optional(&s::CLICKHOUSE_URL);
     // The stores validate these names themselves when they connect; checked here too so the
@@ -346,6 +352,7 @@ fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
         queue,
         data_dir,
         sqlite_sync,
+        sqlite_max_size,
         postgres_url,
         clickhouse_url,
         postgres_schema,

@@ -220,6 +220,16 @@ pub const SQLITE_SYNC: Setting = setting(
     Kind::OneOf(&["normal", "full"]),
     "When a write to the SQLite file is answered. `normal`: once it is in the write-ahead log, so a crash of the process (kill -9) loses nothing, while a power loss or an operating-system crash may lose the last writes. `full`: once it is fsynced as well, which also survives those and costs a disk flush per group commit.",
 );
+/// `SHEAF_SQLITE_MAX_SIZE_MIB`.
+pub const SQLITE_MAX_SIZE_MIB: Setting = setting(
+    "SHEAF_SQLITE_MAX_SIZE_MIB",
+    Some("0"),
+    Kind::Integer {
+        min: 0,
+        max: 16 << 20,
+    },
+    "The largest the SQLite file may grow, in MiB; `0`: as large as the disk allows (a full disk then refuses publishes with 503 until space returns). With a limit, its last eighth is kept for deliveries: new events are answered `503` with `Retry-After` once the file reaches the rest, while deliveries record their attempts; as the file nears the limit, the log drops its oldest delivered events and attempts beyond the `SHEAF_MEMORY_LOG_*` bounds, and publishes are taken again once there is room. Events waiting for delivery are never dropped. At least 1 when set.",
+);
 /// `SHEAF_POSTGRES_URL`.
 pub const POSTGRES_URL: Setting = setting(
     "SHEAF_POSTGRES_URL",
@@ -835,6 +845,7 @@ pub const SETTINGS: &[Setting] = &[
     QUEUE,
     DATA_DIR,
     SQLITE_SYNC,
+    SQLITE_MAX_SIZE_MIB,
     POSTGRES_URL,
     CLICKHOUSE_URL,
     POSTGRES_SCHEMA,
