@@ -160,8 +160,8 @@ impl Ctx {
         .collect()
     }
 
-    /// The settings of a `sheaf` on the embedded default (memory queue and log) with the rest of
-    /// [`Self::sheaf_settings`]: what `sheaf serve` runs with no store configured.
+    /// The settings of a `sheaf` on the in-memory stores (the harness's choice when no store is
+    /// set) with the rest of [`Self::sheaf_settings`].
     pub fn memory_settings(&self) -> Vec<(String, String)> {
         self.sheaf_settings("unused", "unused")
             .into_iter()

@@ -3,29 +3,31 @@
 //! SQLite enforces a cap by failing the write that would pass it, whatever that write is. Left
 //! at that, a flood during a receiver outage fills the file with events waiting for delivery,
 //! and then the writes that would empty it fail too: recording the attempts once the receiver
-//! is back, removing the delivered jobs, even retention's deletes need a page now and then. So
-//! the store keeps the last eighth of the cap as a reserve:
+//! is back, rescheduling the jobs, removing the delivered ones. So the store keeps room for
+//! them, and counts it as taken:
 //!
-//! - **the door**: once the pages in use reach the cap less the reserve, new events (accepting,
-//!   inserting, enqueueing) are refused as `Unavailable`, which the service answers with a 503,
-//!   while deliveries, their attempt records and retention go on writing into the reserve;
-//! - **pressure**: once the pages in use pass the cap less twice the reserve, retention drops
+//! - **what is committed**: the pages in use (the file's pages less its free list) and, for
+//!   every job in the queue, an allowance for its next two attempt records (an attempt with its
+//!   indexes takes under a kilobyte; two, because the older of a job's attempts goes only at
+//!   retention's next pass, seconds later);
+//! - **the door**: once what is committed reaches the cap less a reserve of an eighth (for
+//!   what moves between two measurements: rescheduled jobs, index pages, retention's own
+//!   writes), new events (accepting, inserting, enqueueing) are refused as `Unavailable`, which
+//!   the service answers with a 503, while deliveries and retention write on;
+//! - **pressure**: once what is committed passes the cap less twice the reserve, retention drops
 //!   the oldest records no delivery waits for, beyond what its count and age bounds ask, until
-//!   the file is back under that mark, and then the failed attempts of waiting deliveries that
-//!   a later attempt supersedes (a retry reads only the latest). A log that fills its cap with
-//!   delivered history makes room by itself; only events still waiting for delivery can keep
-//!   the door shut, and they leave as they are delivered.
+//!   it is back under that mark, and then the failed attempts of waiting deliveries that a later
+//!   attempt supersedes (a retry reads only the latest). A log that fills its cap with
+//!   delivered history makes room by itself; only events still waiting for delivery keep the
+//!   door shut, and they leave as they are delivered.
 //!
-//! The reserve must hold what deliveries write between two retention passes (seconds apart):
-//! an attempt record per delivery tried. A limit of a few MiB with thousands of waiting events
-//! retried every second can outrun it; writes then fail at the limit itself and are retried
-//! until retention catches up, which it does as long as some attempt is superseded.
-//!
-//! The pages in use (the file's pages less its free list) are measured after every flush that
-//! committed, by the writer, so the door lags the file by at most one flush, which the reserve
-//! absorbs.
+//! The writer measures after a committed flush, at most every [`MEASURE_EVERY`] (counting the
+//! queue reads its index), so the door lags the file by a few milliseconds of writes, which
+//! the reserve absorbs.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
 
 use sheaf_store::{Error, Result};
 use sqlx::SqliteConnection;
@@ -35,13 +37,21 @@ use crate::error::from_sqlx;
 /// SQLite's default page size, which this crate never changes.
 pub(crate) const PAGE_BYTES: u64 = 4096;
 
-/// The cap, its door and the pages in use, shared by the writer (which measures) and the stores
-/// (which ask).
+/// The room kept for each queued job's next attempt records (see the module docs).
+const JOB_ALLOWANCE_BYTES: i64 = 2048;
+
+/// How often the writer measures, at most.
+const MEASURE_EVERY: Duration = Duration::from_millis(20);
+
+/// The cap, its door and what is committed, shared by the writer (which measures) and the
+/// stores (which ask).
 #[derive(Debug)]
 pub(crate) struct Space {
     max_pages: i64,
     reserve_pages: i64,
     used_pages: AtomicI64,
+    jobs: AtomicI64,
+    measured: Mutex<Option<Instant>>,
 }
 
 impl Space {
@@ -52,51 +62,69 @@ impl Space {
             max_pages,
             reserve_pages: (max_pages / 8).max(1),
             used_pages: AtomicI64::new(0),
+            jobs: AtomicI64::new(0),
+            measured: Mutex::new(None),
         }
     }
 
-    /// Reads the pages in use on `connection` (the writer, outside a transaction or inside one:
-    /// both see the file as the last commit left it).
+    /// Reads the pages in use and the queued jobs on `connection` (the writer, between
+    /// flushes: it sees the file as the last commit left it), unless it did less than
+    /// [`MEASURE_EVERY`] ago.
     pub(crate) async fn measure(&self, connection: &mut SqliteConnection) -> Result<()> {
-        let used: i64 = sqlx::query_scalar(
+        {
+            let mut measured = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+            if measured.is_some_and(|at| at.elapsed() < MEASURE_EVERY) {
+                return Ok(());
+            }
+            *measured = Some(Instant::now());
+        }
+        let (used, jobs): (i64, i64) = sqlx::query_as(
             "SELECT (SELECT page_count FROM pragma_page_count())
-                  - (SELECT freelist_count FROM pragma_freelist_count())",
+                  - (SELECT freelist_count FROM pragma_freelist_count()),
+                    (SELECT count(*) FROM jobs)",
         )
         .fetch_one(&mut *connection)
         .await
         .map_err(|e| from_sqlx("measuring the database's size", e))?;
         self.used_pages.store(used, Ordering::Relaxed);
+        self.jobs.store(jobs, Ordering::Relaxed);
         Ok(())
     }
 
-    fn used(&self) -> i64 {
-        self.used_pages.load(Ordering::Relaxed)
+    /// Pages in use plus the queued jobs' allowance.
+    fn committed(&self) -> i64 {
+        let allowance = self.jobs.load(Ordering::Relaxed) * JOB_ALLOWANCE_BYTES / PAGE_BYTES as i64;
+        self.used_pages.load(Ordering::Relaxed) + allowance
     }
 
     /// `Ok` while new events fit in front of the reserve; otherwise `Unavailable`, saying how
     /// full the file is and why it refuses (`doing`: what was refused, lower case).
     pub(crate) fn admit(&self, doing: &str) -> Result<()> {
-        let used = self.used();
-        if used < self.max_pages - self.reserve_pages {
+        let committed = self.committed();
+        if committed < self.max_pages - self.reserve_pages {
             return Ok(());
         }
+        let used = self.used_pages.load(Ordering::Relaxed);
         Err(Error::Unavailable {
             message: format!(
-                "{doing}: the sqlite database is full: {} of its {} size limit in use, and the \
-                 last {} are kept for deliveries and retention; new events are refused until \
-                 deliveries and retention free space",
+                "{doing}: the sqlite database is full: {} of its {} size limit in use and {} \
+                 kept for the attempts of {} waiting deliveries, past the last {} kept for \
+                 writes in flight; new events are refused until deliveries and retention free \
+                 space",
                 mib(used),
                 mib(self.max_pages),
+                mib(committed - used),
+                self.jobs.load(Ordering::Relaxed),
                 mib(self.reserve_pages),
             ),
             source: None,
         })
     }
 
-    /// How many pages retention should free beyond its bounds (see the module docs): those in
-    /// use past the pressure mark, and one more; 0 below it.
+    /// How many pages retention should free beyond its bounds (see the module docs): those
+    /// committed past the pressure mark, and one more; 0 below it.
     pub(crate) fn pressure(&self) -> i64 {
-        (self.used() - (self.max_pages - 2 * self.reserve_pages) + 1).max(0)
+        (self.committed() - (self.max_pages - 2 * self.reserve_pages) + 1).max(0)
     }
 }
 
@@ -112,7 +140,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_door_shuts_at_the_reserve_and_pressure_starts_one_reserve_earlier() {
+    fn the_door_counts_room_for_waiting_deliveries() {
         let space = Space::new(8 * 1024 * 1024); // 2048 pages, a reserve of 256
         space.used_pages.store(1535, Ordering::Relaxed);
         assert_eq!(space.pressure(), 0);
@@ -120,13 +148,18 @@ mod tests {
         space.used_pages.store(1536, Ordering::Relaxed);
         assert_eq!(space.pressure(), 1);
         assert!(space.admit("accepting").is_ok());
-        space.used_pages.store(1792, Ordering::Relaxed);
+        // 512 waiting jobs keep 1 MiB (256 pages) for their attempts: the door shuts.
+        space.jobs.store(512, Ordering::Relaxed);
         let refusal = space.admit("accepting").expect_err("at the door");
         assert_eq!(refusal.kind(), sheaf_store::ErrorKind::Unavailable);
         let message = refusal.to_string();
         assert!(
-            message.contains("accepting: the sqlite database is full: 7.0 MiB of its 8.0 MiB"),
+            message.contains(
+                "accepting: the sqlite database is full: 6.0 MiB of its 8.0 MiB size limit in use \
+                 and 1.0 MiB kept for the attempts of 512 waiting deliveries"
+            ),
             "{message}"
         );
+        assert_eq!(space.pressure(), 257);
     }
 }

@@ -30,4 +30,5 @@ pub const CHAOS: &[&str] = &[
     "disabled",
     "overload",
     "secrets",
+    "sqlite",
 ];

@@ -3,7 +3,7 @@
 //! disabled (100 with `--quick`), the receiver recovers, and the operator recovers the way
 //! `docs/operations.md` says, in three calls: enable the destination, replay its dead letters
 //! of the window, watch. Every event accepted, before and during the disabled spell, must be
-//! delivered. Runs on the embedded default and on Postgres + ClickHouse.
+//! delivered. Runs on the in-memory stores and on Postgres + ClickHouse.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -11,6 +11,7 @@ mod overload;
 mod postgres;
 mod secrets;
 mod shutdown;
+mod sqlite;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -43,6 +44,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "disabled" => Box::pin(disabled::run(ctx)).await,
         "overload" => Box::pin(overload::run(ctx)).await,
         "secrets" => Box::pin(secrets::run(ctx)).await,
+        "sqlite" => Box::pin(sqlite::run(ctx)).await,
         other => anyhow::bail!("unknown scenario {other}"),
     }
 }

@@ -1,5 +1,5 @@
 //! `outage`: the receiver answers 503 for 30 s (8 s with `--quick`) under 32 closed-loop
-//! publishers with unique ids, then 200 again; first on the embedded default (memory queue and
+//! publishers with unique ids, then 200 again; first on the in-memory stores (memory queue and
 //! log), then on Postgres + ClickHouse.
 //!
 //! What must hold: every event that got a `202` is delivered (none dropped by the memory log's

@@ -1,4 +1,4 @@
-//! `overload`: the embedded default is offered twice what it can deliver, for 60 s (10 s with
+//! `overload`: a process on the in-memory stores is offered twice what it can deliver, for 60 s (10 s with
 //! `--quick`), by an open-loop generator that keeps its rate whatever the latency.
 //!
 //! First its capacity is measured on the same machine in the same run: 32 closed-loop

@@ -228,7 +228,7 @@ pub const SQLITE_MAX_SIZE_MIB: Setting = setting(
         min: 0,
         max: 16 << 20,
     },
-    "The largest the SQLite file may grow, in MiB; `0`: as large as the disk allows (a full disk then refuses publishes with 503 until space returns). With a limit, its last eighth is kept for deliveries: new events are answered `503` with `Retry-After` once the file reaches the rest, while deliveries record their attempts; as the file nears the limit, the log drops its oldest delivered events and attempts beyond the `SHEAF_MEMORY_LOG_*` bounds, and publishes are taken again once there is room. Events waiting for delivery are never dropped. At least 1 when set.",
+    "The largest the SQLite file may grow, in MiB; `0`: as large as the disk allows (a full disk then refuses publishes with 503 until space returns). With a limit, room is kept for every waiting delivery's next attempt records (2 KiB each) and a last eighth for writes in flight: new events are answered `503` with `Retry-After` once the file and that room reach the rest, while deliveries go on recording their attempts; as the file nears the limit, the log drops its oldest delivered events and attempts beyond the `SHEAF_MEMORY_LOG_*` bounds, and publishes are taken again once there is room. Events waiting for delivery are never dropped. At least 1 when set.",
 );
 /// `SHEAF_POSTGRES_URL`.
 pub const POSTGRES_URL: Setting = setting(

@@ -24,7 +24,10 @@ fn defaults_load() {
     assert_eq!(config.engine.log_store, LogStoreKind::Sqlite);
     assert_eq!(config.engine.queue, QueueKind::Sqlite);
     assert_eq!(config.engine.entity_home(), EntityHome::Sqlite);
-    assert_eq!(config.engine.sqlite_max_size, None, "no size limit by default");
+    assert_eq!(
+        config.engine.sqlite_max_size, None,
+        "no size limit by default"
+    );
     let capped = Config::load(env(&[("SHEAF_SQLITE_MAX_SIZE_MIB", "64")])).unwrap();
     assert_eq!(capped.engine.sqlite_max_size, Some(64 << 20));
     assert_eq!(config.engine.retry.schedule.len(), 5);
