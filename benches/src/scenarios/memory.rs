@@ -1,11 +1,14 @@
-//! `memory`: the embedded default's memory under a flood. One `sheaf serve` (the binary
-//! `cargo xtask bench` built) on the memory backends, as a new user starts it (no
-//! `SHEAF_QUEUE`, no `SHEAF_LOG_STORE`: the default retention of 25,000 events), one tenant, one
+//! `memory`: the embedded stores' memory and disk under a flood. One `sheaf serve` (the binary
+//! `cargo xtask bench` built) on the SQLite file, as a new user starts it (no store settings:
+//! the default retention of 25,000 events), or on the in-memory stores with
+//! `SHEAF_BENCH_MEMORY_STORE=memory`, one tenant, one
 //! webhook destination on a loopback receiver answering 200, and 32 closed-loop publishers, each
 //! publishing unique ids as fast as its answers come back until a deadline. The process's RSS
 //! (`VmRSS`) is sampled every second; the target compares the RSS at the end of the flood with
 //! the RSS after its first minute (the log is full by then: 25,000 events take a few seconds at
 //! the saturated rate), so it fails when memory follows the traffic instead of the retention.
+//! On SQLite the database file (`sheaf.db` and its write-ahead log) is sampled too, and compared
+//! the same way: retention must reuse the space it frees.
 //!
 //! The receiver forgets what it recorded every second (it keeps every delivery's headers and
 //! body otherwise, which is the bench's memory, not sheaf's), so delivered counts come from
@@ -32,9 +35,50 @@ use crate::sheaf::{Publisher, Sheaf, metric};
 
 use super::delivery::PAD_BYTES;
 
-const QUESTION: &str = "Does the RSS of `sheaf serve` on its embedded default (memory backends, \
-    default retention) follow the retention settings rather than the traffic, under a flood of \
-    publishes at the saturated rate?";
+const QUESTION: &str = "Do the RSS of `sheaf serve` on its embedded stores (the SQLite file, or \
+    the memory backends; default retention) and the size of its file follow the retention \
+    settings rather than the traffic, under a flood of publishes at the saturated rate?";
+
+/// Which embedded store the flood runs on (`sqlite`, the default, or `memory`).
+const STORE_VAR: &str = "SHEAF_BENCH_MEMORY_STORE";
+
+/// The embedded store under the flood.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Store {
+    Sqlite,
+    Memory,
+}
+
+impl Store {
+    fn from_env() -> anyhow::Result<Self> {
+        match std::env::var(STORE_VAR).as_deref() {
+            Err(_) | Ok("sqlite") => Ok(Store::Sqlite),
+            Ok("memory") => Ok(Store::Memory),
+            Ok(other) => {
+                anyhow::bail!("{STORE_VAR}: unknown store `{other}`; expected sqlite or memory")
+            }
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Store::Sqlite => "the SQLite store",
+            Store::Memory => "the memory backends",
+        }
+    }
+
+    /// The RSS at the end may be at most this multiple of the baseline: the SQLite store's
+    /// target (its issue's) is tighter, as its log and queue are on disk.
+    fn max_growth(self) -> f64 {
+        match self {
+            Store::Sqlite => 1.2,
+            Store::Memory => MAX_GROWTH,
+        }
+    }
+}
+
+/// The SQLite file at the end may be at most this multiple of its size at the baseline.
+const MAX_FILE_GROWTH: f64 = 1.5;
 
 /// The tenant the flood publishes to.
 const TENANT: &str = "bench";
@@ -88,6 +132,8 @@ struct Sample {
     rss_kib: u64,
     /// Publishes answered 202 so far.
     published: u64,
+    /// The SQLite file and its write-ahead log (0 on the memory backends).
+    file_kib: u64,
     /// `sheaf_deliveries_total{outcome="success"}` growth since the flood began.
     delivered: f64,
     /// Jobs due in the queue.
@@ -105,9 +151,12 @@ struct Counts {
 #[derive(Debug, Clone, Serialize)]
 struct Measured {
     samples: Vec<Sample>,
+    store: Store,
     rss_start_kib: u64,
     rss_baseline_kib: u64,
     rss_end_kib: u64,
+    file_baseline_kib: u64,
+    file_end_kib: u64,
     /// After the publishers stopped and every accepted event was delivered.
     rss_drained_kib: u64,
     peak_rss_kib: u64,
@@ -135,18 +184,48 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         publishers: 32,
         pad_bytes: PAD_BYTES,
     };
+    let store = Store::from_env()?;
     let bin = ctx.sheaf_bin()?.to_path_buf();
     let log = ctx.out_dir.join("logs").join("memory.log");
+    let data_dir = ctx.out_dir.join("memory-data");
     let receiver = Receiver::start().await?;
-    // No backend variables: the memory queue, log and tenants, with their default retention.
-    let sheaf = Sheaf::start(&bin, &[], &log).await?;
-    let outcome = flood(&sheaf, &receiver, &sizes).await;
+    // Default retention; the store chosen by its one setting (the harness's own default is
+    // the memory backends, so SQLite is named), in a data directory of the run's own.
+    let env = match store {
+        Store::Sqlite => {
+            if data_dir.exists() {
+                std::fs::remove_dir_all(&data_dir)?;
+            }
+            vec![
+                ("SHEAF_LOG_STORE", "sqlite".to_owned()),
+                ("SHEAF_DATA_DIR", data_dir.display().to_string()),
+            ]
+        }
+        Store::Memory => Vec::new(),
+    };
+    let sheaf = Sheaf::start(&bin, &env, &log).await?;
+    let file = (store == Store::Sqlite).then(|| data_dir.join("sheaf.db"));
+    let outcome = flood(&sheaf, &receiver, &sizes, store, file.as_deref()).await;
     sheaf.stop().await?;
     let measured = outcome.with_context(|| format!("sheaf's log: {}", log.display()))?;
     Ok(build_report(ctx, &sizes, &measured))
 }
 
-async fn flood(sheaf: &Sheaf, receiver: &Receiver, sizes: &Sizes) -> anyhow::Result<Measured> {
+/// The database file and its write-ahead log, in KiB; 0 without a file.
+fn file_kib(file: Option<&std::path::Path>) -> u64 {
+    let Some(file) = file else { return 0 };
+    let len = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
+    let wal = file.with_extension("db-wal");
+    (len(file) + len(&wal)) / 1024
+}
+
+async fn flood(
+    sheaf: &Sheaf,
+    receiver: &Receiver,
+    sizes: &Sizes,
+    store: Store,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Measured> {
     sheaf.add_destination(TENANT, &receiver.url()).await?;
     let before = Deliveries::read(sheaf).await?;
     let rss_start_kib = sheaf.rss_kib().unwrap_or(0);
@@ -167,6 +246,7 @@ async fn flood(sheaf: &Sheaf, receiver: &Receiver, sizes: &Sizes) -> anyhow::Res
         .collect();
     let mut samples = Vec::new();
     let mut rss_baseline_kib = None;
+    let mut file_baseline_kib = None;
     let mut next = base;
     while next < deadline {
         next += Duration::from_secs(1);
@@ -179,16 +259,19 @@ async fn flood(sheaf: &Sheaf, receiver: &Receiver, sizes: &Sizes) -> anyhow::Res
             at_s: base.elapsed().as_secs_f64(),
             rss_kib,
             published: counts.accepted.load(Ordering::Relaxed),
+            file_kib: file_kib(file),
             delivered: now.success - before.success,
             due: now.due,
         };
         if rss_baseline_kib.is_none() && sample.at_s >= sizes.baseline_seconds as f64 {
             rss_baseline_kib = Some(sample.rss_kib);
+            file_baseline_kib = Some(sample.file_kib);
         }
         samples.push(sample);
         progress.inc(1);
     }
     let rss_end_kib = sheaf.rss_kib().unwrap_or(0);
+    let file_end_kib = file_kib(file);
     let at_deadline = Deliveries::read(sheaf).await?;
     let delivered_in_flood = at_deadline.success - before.success;
     for publisher in publishers {
@@ -212,9 +295,12 @@ async fn flood(sheaf: &Sheaf, receiver: &Receiver, sizes: &Sizes) -> anyhow::Res
     let retained_attempts = count_listing(sheaf, "attempts").await?;
     Ok(Measured {
         samples,
+        store,
         rss_start_kib,
         rss_baseline_kib: rss_baseline_kib.unwrap_or(rss_end_kib),
         rss_end_kib,
+        file_baseline_kib: file_baseline_kib.unwrap_or(file_end_kib),
+        file_end_kib,
         rss_drained_kib,
         peak_rss_kib: sheaf.peak_rss_kib().unwrap_or(0),
         flood_s,
@@ -287,9 +373,10 @@ fn mib(kib: u64) -> String {
 fn build_report(ctx: &Ctx, sizes: &Sizes, m: &Measured) -> Report {
     let mut report = Report::new("memory", QUESTION, ctx);
     let ratio = m.rss_end_kib as f64 / m.rss_baseline_kib.max(1) as f64;
+    let store = m.store.label();
     let mut table = Table::new(
         format!(
-            "One `sheaf serve` on the memory backends (default retention: 25,000 events, 100,000 \
+            "One `sheaf serve` on {store} (default retention: 25,000 events, 100,000 \
              attempts), one webhook destination on a loopback receiver, ~{} B payloads, {} \
              closed-loop publishers with unique ids for {} s; RSS sampled every second",
             sizes.pad_bytes, sizes.publishers, sizes.flood_seconds
@@ -337,8 +424,15 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, m: &Measured) -> Report {
     // RSS over the flood, a row every tenth of it.
     let every = (m.samples.len() / 10).max(1);
     let mut over_time = Table::new(
-        "RSS over the flood",
-        &["second", "RSS", "published", "delivered", "jobs due"],
+        "RSS (and the SQLite file) over the flood",
+        &[
+            "second",
+            "RSS",
+            "file",
+            "published",
+            "delivered",
+            "jobs due",
+        ],
     );
     for s in m
         .samples
@@ -350,28 +444,47 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, m: &Measured) -> Report {
         over_time.row(vec![
             format!("{:.0}", s.at_s),
             mib(s.rss_kib),
+            mib(s.file_kib),
             report::count(s.published as f64),
             report::count(s.delivered),
             report::count(s.due),
         ]);
     }
     report.tables.push(over_time);
+    let max_growth = m.store.max_growth();
     report.target(
         &format!(
-            "memory backends, RSS at the end of a {} s flood (32 closed-loop publishers) vs at {} s",
+            "{store}, RSS at the end of a {} s flood (32 closed-loop publishers) vs at {} s",
             sizes.flood_seconds, sizes.baseline_seconds
         ),
-        &format!("within {MAX_GROWTH}x"),
+        &format!("within {max_growth}x"),
         format!(
             "{} → {} = {}",
             mib(m.rss_baseline_kib),
             mib(m.rss_end_kib),
             report::ratio(ratio)
         ),
-        ratio <= MAX_GROWTH,
+        ratio <= max_growth,
     );
+    if m.store == Store::Sqlite {
+        let file_ratio = m.file_end_kib as f64 / m.file_baseline_kib.max(1) as f64;
+        report.target(
+            &format!(
+                "the SQLite file (with its write-ahead log) at the end of the flood vs at {} s",
+                sizes.baseline_seconds
+            ),
+            &format!("within {MAX_FILE_GROWTH}x"),
+            format!(
+                "{} → {} = {}",
+                mib(m.file_baseline_kib),
+                mib(m.file_end_kib),
+                report::ratio(file_ratio)
+            ),
+            file_ratio <= MAX_FILE_GROWTH,
+        );
+    }
     report.memory.push(PeakRss::new(
-        "sheaf serve (memory backends, default retention)",
+        format!("sheaf serve ({store}, default retention)"),
         Some(m.peak_rss_kib),
     ));
     report.note(
@@ -411,7 +524,7 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, m: &Measured) -> Report {
          --bench memory_footprint` counts them with a counting allocator.",
     );
     report.figure = Some(
-        Figure::new("memory: sheaf's RSS under a flood, memory backends").panel(Panel::Lines {
+        Figure::new(format!("memory: sheaf's RSS under a flood, {store}")).panel(Panel::Lines {
             title: format!(
                 "{} closed-loop publishers, ~{} B payloads, default retention",
                 sizes.publishers, sizes.pad_bytes
