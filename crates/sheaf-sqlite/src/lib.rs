@@ -85,10 +85,11 @@ impl SqliteStore {
             .max_size_bytes
             .map(|bytes| Arc::new(Space::new(bytes)));
         if let Some(space) = &space {
-            space
-                .measure(&mut connection)
-                .await
-                .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
+            // The door starts from the file as it is; should this read fail, the first flush's
+            // measurement stands in (the file is readable, migrations just ran on it).
+            if let Err(e) = space.measure(&mut connection, true).await {
+                tracing::warn!(error = %e, "measuring the sqlite database at open");
+            }
         }
         let readers = SqlitePoolOptions::new()
             .max_connections(options.readers)

@@ -77,10 +77,17 @@ pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
         }
         did = true;
     }
+    let space = db.space.clone();
     let vacuumed = db
         .writer
         .run("reusing the log's free space", 64, move |c| {
-            Box::pin(async move { vacuum(c).await })
+            Box::pin(async move {
+                let vacuumed = vacuum(c).await?;
+                if let Some(space) = space {
+                    space.measure(c, true).await?;
+                }
+                Ok(vacuumed)
+            })
         })
         .await?;
     Ok(did || vacuumed)
@@ -198,17 +205,23 @@ async fn delete_events(
     .fetch_all(&mut *connection)
     .await
     .map_err(fail)?;
-    let mut deleted = gone.len() as u64;
-    for (tenant, event) in gone {
-        deleted += sqlx::query("DELETE FROM attempts WHERE tenant_id = ?1 AND event_id = ?2")
-            .bind(tenant)
-            .bind(event)
-            .execute(&mut *connection)
-            .await
-            .map_err(fail)?
-            .rows_affected();
+    if gone.is_empty() {
+        return Ok(0);
     }
-    Ok(deleted)
+    // Their attempts in one statement: every statement is a round trip to the driver's thread,
+    // and one per event made retention a large share of the writer's time under a flood.
+    let keys = serde_json::to_string(&gone)
+        .map_err(|e| crate::error::decode("enforcing the log's retention", e))?;
+    let attempts = sqlx::query(
+        "DELETE FROM attempts WHERE (tenant_id, event_id) IN (
+             SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
+    )
+    .bind(keys)
+    .execute(&mut *connection)
+    .await
+    .map_err(fail)?
+    .rows_affected();
+    Ok(gone.len() as u64 + attempts)
 }
 
 /// Deletes up to `limit` of the oldest attempts of unheld events matching `filter` (`?1` is

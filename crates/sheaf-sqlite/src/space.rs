@@ -21,9 +21,11 @@
 //!   delivered history makes room by itself; only events still waiting for delivery keep the
 //!   door shut, and they leave as they are delivered.
 //!
-//! The writer measures after a committed flush, at most every [`MEASURE_EVERY`] (counting the
-//! queue reads its index), so the door lags the file by a few milliseconds of writes, which
-//! the reserve absorbs.
+//! The writer reads the pages in use after every committed flush (a read of the file's header)
+//! and counts the queue at most every [`MEASURE_EVERY`] (that reads an index), so the door lags
+//! the file by one flush and the queue by a few milliseconds of writes, which the reserve
+//! absorbs; each retention pass ends with a full measurement, so a door shut while nothing else
+//! is written opens within a pass of retention freeing space.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -40,7 +42,8 @@ pub(crate) const PAGE_BYTES: u64 = 4096;
 /// The room kept for each queued job's next attempt records (see the module docs).
 const JOB_ALLOWANCE_BYTES: i64 = 2048;
 
-/// How often the writer measures, at most.
+/// How often the writer counts the queue, at most (the pages in use it reads after every
+/// flush: a read of the file's header).
 const MEASURE_EVERY: Duration = Duration::from_millis(20);
 
 /// The cap, its door and what is committed, shared by the writer (which measures) and the
@@ -51,7 +54,7 @@ pub(crate) struct Space {
     reserve_pages: i64,
     used_pages: AtomicI64,
     jobs: AtomicI64,
-    measured: Mutex<Option<Instant>>,
+    counted: Mutex<Option<Instant>>,
 }
 
 impl Space {
@@ -63,31 +66,44 @@ impl Space {
             reserve_pages: (max_pages / 8).max(1),
             used_pages: AtomicI64::new(0),
             jobs: AtomicI64::new(0),
-            measured: Mutex::new(None),
+            counted: Mutex::new(None),
         }
     }
 
-    /// Reads the pages in use and the queued jobs on `connection` (the writer, between
-    /// flushes: it sees the file as the last commit left it), unless it did less than
-    /// [`MEASURE_EVERY`] ago.
-    pub(crate) async fn measure(&self, connection: &mut SqliteConnection) -> Result<()> {
-        {
-            let mut measured = self.measured.lock().unwrap_or_else(|e| e.into_inner());
-            if measured.is_some_and(|at| at.elapsed() < MEASURE_EVERY) {
-                return Ok(());
+    /// Reads the pages in use on `connection` (the writer: it sees the file as its last
+    /// statement left it), and the queued jobs too unless it counted them less than
+    /// [`MEASURE_EVERY`] ago and `always` is false. Retention's passes measure always, so the
+    /// count is never further behind the queue than one pass (seconds), even when no other
+    /// write follows.
+    pub(crate) async fn measure(
+        &self,
+        connection: &mut SqliteConnection,
+        always: bool,
+    ) -> Result<()> {
+        let count_jobs = {
+            let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
+            let due = always || counted.is_none_or(|at| at.elapsed() >= MEASURE_EVERY);
+            if due {
+                *counted = Some(Instant::now());
             }
-            *measured = Some(Instant::now());
-        }
-        let (used, jobs): (i64, i64) = sqlx::query_as(
+            due
+        };
+        let fail = |e| from_sqlx("measuring the database's size", e);
+        let used: i64 = sqlx::query_scalar(
             "SELECT (SELECT page_count FROM pragma_page_count())
-                  - (SELECT freelist_count FROM pragma_freelist_count()),
-                    (SELECT count(*) FROM jobs)",
+                  - (SELECT freelist_count FROM pragma_freelist_count())",
         )
         .fetch_one(&mut *connection)
         .await
-        .map_err(|e| from_sqlx("measuring the database's size", e))?;
+        .map_err(fail)?;
         self.used_pages.store(used, Ordering::Relaxed);
-        self.jobs.store(jobs, Ordering::Relaxed);
+        if count_jobs {
+            let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(fail)?;
+            self.jobs.store(jobs, Ordering::Relaxed);
+        }
         Ok(())
     }
 

@@ -56,7 +56,8 @@ where
 /// The coalescer's sink: the writer connection.
 struct Flusher {
     connection: Mutex<SqliteConnection>,
-    /// Measured after every committed flush, when the file has a size cap.
+    /// Measured after committed flushes (`space.rs` says how often), when the file has a
+    /// size cap.
     space: Option<Arc<Space>>,
 }
 
@@ -73,7 +74,7 @@ impl BatchWriter for Flusher {
         flush(&mut connection, ops).await?;
         if let Some(space) = &self.space {
             // The flush committed; a failed measurement leaves the last one standing.
-            if let Err(e) = space.measure(&mut connection).await {
+            if let Err(e) = space.measure(&mut connection, false).await {
                 tracing::debug!(error = %e, "measuring the sqlite database after a flush");
             }
         }
@@ -163,7 +164,7 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// Starts the coalescer's worker over `connection`, measuring `space` after every flush;
+    /// Starts the coalescer's worker over `connection`, measuring `space` after its flushes;
     /// must be called inside a Tokio runtime.
     pub(crate) fn start(
         connection: SqliteConnection,
