@@ -1,6 +1,7 @@
 //! `burst`: the retry-lookup experiment (docs/benchmarks.md, "`burst`", with its earlier
 //! measurements) scaled to this machine, through a real `sheaf serve` process on ClickHouse
-//! (log) and Postgres (queue, tenants).
+//! (log) and Postgres (queue, tenants), then again on the SQLite store (the default), whose
+//! retries go through the same coalesced lookup.
 //!
 //! Events are published at a steady rate for 60 s (full size) to one webhook that answers 503
 //! for the first 20 s and 200 after, with a retry schedule of 1 s, 5 s, 15 s, 30 s (the original
@@ -10,7 +11,8 @@
 //! (the original experiment's setting), and adaptive (batch of 50, no wait while no lookup is in
 //! flight).
 //!
-//! Lookup queries, keys and retries come from the process's `/metrics`; ClickHouse CPU is the
+//! Lookup queries, keys and retries come from the process's `/metrics` (on either store);
+//! ClickHouse CPU is the
 //! `ProfileEvents` user + system time of every query the process sent (its own database in
 //! `system.query_log`), per second of the run: the mean and the busiest second. Background
 //! merges are not queries and are not in it.
@@ -33,7 +35,7 @@ use crate::sheaf::{Sheaf, metric};
 
 const QUESTION: &str = "When a webhook fails for the first 20 s of a 60 s publishing run, how many \
     latest-attempt queries do the retries cost ClickHouse, and how much CPU, with lookup \
-    coalescing off, fixed (50 keys / 50 ms) and adaptive?";
+    coalescing off, fixed (50 keys / 50 ms) and adaptive? And how many on the SQLite store?";
 
 const PAD_BYTES: usize = 1_000;
 const SCHEDULE: &str = "1s,5s,15s,30s";
@@ -44,6 +46,24 @@ struct Sizes {
     seconds: f64,
     failing_seconds: f64,
     drain_limit_s: u64,
+}
+
+/// Where the log and the queue are: the original experiment's ClickHouse log with a Postgres
+/// queue, or the SQLite file (the default), whose lookups are the same coalesced query on an
+/// index of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Store {
+    ClickHouse,
+    Sqlite,
+}
+
+impl Store {
+    fn label(self) -> &'static str {
+        match self {
+            Store::ClickHouse => "ClickHouse + Postgres",
+            Store::Sqlite => "SQLite",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -80,6 +100,7 @@ impl Variant {
 
 #[derive(Debug, Clone, Serialize)]
 struct Measured {
+    store: Store,
     variant: Variant,
     published: usize,
     delivered: usize,
@@ -110,11 +131,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     };
     let bin = ctx.sheaf_bin()?.to_path_buf();
     let mut measured = Vec::new();
-    for variant in [Variant::Off, Variant::Fixed, Variant::Adaptive] {
-        let m = run_variant(ctx, &bin, &sizes, variant)
-            .await
-            .with_context(|| variant.label())?;
-        measured.push(m);
+    for store in [Store::ClickHouse, Store::Sqlite] {
+        for variant in [Variant::Off, Variant::Fixed, Variant::Adaptive] {
+            let m = run_variant(ctx, &bin, &sizes, store, variant)
+                .await
+                .with_context(|| format!("{}, {}", store.label(), variant.label()))?;
+            measured.push(m);
+        }
     }
     Ok(build_report(ctx, &sizes, measured))
 }
@@ -131,26 +154,40 @@ async fn run_variant(
     ctx: &Ctx,
     bin: &std::path::Path,
     sizes: &Sizes,
+    store: Store,
     variant: Variant,
 ) -> anyhow::Result<Measured> {
     let base = Instant::now();
     let receiver = Receiver::start().await?;
-    let schema = PgSchema::new(ctx.postgres()?, "bench_burst");
-    let db = ChDb::new(ctx.clickhouse()?, "bench_burst");
-    let mut env = vec![
-        ("SHEAF_LOG_STORE", "clickhouse".to_owned()),
-        ("SHEAF_QUEUE", "postgres".to_owned()),
-        ("SHEAF_POSTGRES_URL", schema.url.clone()),
-        ("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()),
-        ("SHEAF_CLICKHOUSE_URL", db.url.clone()),
-        ("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()),
-        ("SHEAF_RETRY_SCHEDULE", SCHEDULE.to_owned()),
-    ];
+    let name = format!("burst-{store:?}-{variant:?}").to_lowercase();
+    let data_dir = ctx.out_dir.join(format!("{name}-data"));
+    let mut servers = None;
+    let mut env = match store {
+        Store::ClickHouse => {
+            let schema = PgSchema::new(ctx.postgres()?, "bench_burst");
+            let db = ChDb::new(ctx.clickhouse()?, "bench_burst");
+            let env = vec![
+                ("SHEAF_LOG_STORE", "clickhouse".to_owned()),
+                ("SHEAF_QUEUE", "postgres".to_owned()),
+                ("SHEAF_POSTGRES_URL", schema.url.clone()),
+                ("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()),
+                ("SHEAF_CLICKHOUSE_URL", db.url.clone()),
+                ("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()),
+            ];
+            servers = Some((schema, db));
+            env
+        }
+        Store::Sqlite => {
+            let _ = std::fs::remove_dir_all(&data_dir);
+            vec![
+                ("SHEAF_LOG_STORE", "sqlite".to_owned()),
+                ("SHEAF_DATA_DIR", data_dir.display().to_string()),
+            ]
+        }
+    };
+    env.push(("SHEAF_RETRY_SCHEDULE", SCHEDULE.to_owned()));
     env.extend(variant.env());
-    let log = ctx
-        .out_dir
-        .join("logs")
-        .join(format!("burst-{variant:?}.log").to_lowercase());
+    let log = ctx.out_dir.join("logs").join(format!("{name}.log"));
     let sheaf = Sheaf::start(bin, &env, &log).await?;
     sheaf.add_destination("bench", &receiver.url()).await?;
     let publisher = sheaf.publisher("bench");
@@ -188,29 +225,10 @@ async fn run_variant(
     let (webhook_requests, webhook_503s) = receiver.requests();
     let (webhook_requests, webhook_503s) = (webhook_requests as u64, webhook_503s as u64);
 
-    // Every query this process sent to ClickHouse ran in its own database.
-    let client = db.client();
-    ch::flush_logs(&client).await?;
-    let seconds: Vec<CpuSecond> = client
-        .query(
-            "SELECT toUInt32(toUnixTimestamp(event_time) - ?) AS second, \
-                toUInt64(sum(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'])) AS cpu_micros, \
-                toUInt64(sumIf(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'], \
-                    query_kind = 'Select' AND has(tables, ?))) AS lookup_micros, \
-                countIf(query_kind = 'Select' AND has(tables, ?)) AS lookups \
-             FROM system.query_log \
-             WHERE type = 'QueryFinish' AND current_database = ? AND event_date >= yesterday() \
-                AND event_time >= toDateTime(?) \
-             GROUP BY second ORDER BY second",
-        )
-        .bind(run_start_unix)
-        .bind(format!("{}.attempts", db.database))
-        .bind(format!("{}.attempts", db.database))
-        .bind(db.database.as_str())
-        .bind(run_start_unix)
-        .fetch_all()
-        .await
-        .context("read system.query_log")?;
+    let seconds = match &servers {
+        Some((_, db)) => clickhouse_seconds(db, run_start_unix).await?,
+        None => Vec::new(),
+    };
     let span = run_seconds.ceil().max(1.0) as usize;
     let mut series = vec![0.0; span];
     let (mut total, mut lookup_cpu, mut lookups) = (0u64, 0u64, 0u64);
@@ -223,8 +241,12 @@ async fn run_variant(
         }
     }
     let peak = series.iter().copied().fold(0.0, f64::max);
-    drop((schema, db));
+    drop(servers);
+    if store == Store::Sqlite {
+        std::fs::remove_dir_all(&data_dir)?;
+    }
     Ok(Measured {
+        store,
         variant,
         published: accepted,
         delivered: receiver.delivered_count(),
@@ -249,21 +271,53 @@ async fn run_variant(
     })
 }
 
+/// ClickHouse CPU per second of the run, from every query the process sent (in its own
+/// database).
+async fn clickhouse_seconds(db: &ChDb, run_start_unix: u64) -> anyhow::Result<Vec<CpuSecond>> {
+    let client = db.client();
+    ch::flush_logs(&client).await?;
+    let seconds: Vec<CpuSecond> = client
+        .query(
+            "SELECT toUInt32(toUnixTimestamp(event_time) - ?) AS second, \
+                toUInt64(sum(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'])) AS cpu_micros, \
+                toUInt64(sumIf(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'], \
+                    query_kind = 'Select' AND has(tables, ?))) AS lookup_micros, \
+                countIf(query_kind = 'Select' AND has(tables, ?)) AS lookups \
+             FROM system.query_log \
+             WHERE type = 'QueryFinish' AND current_database = ? AND event_date >= yesterday() \
+                AND event_time >= toDateTime(?) \
+             GROUP BY second ORDER BY second",
+        )
+        .bind(run_start_unix)
+        .bind(format!("{}.attempts", db.database))
+        .bind(format!("{}.attempts", db.database))
+        .bind(db.database.as_str())
+        .bind(run_start_unix)
+        .fetch_all()
+        .await
+        .context("read system.query_log")?;
+    Ok(seconds)
+}
+
 fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
     let mut report = Report::new("burst", QUESTION, ctx);
-    let off_queries = measured
-        .iter()
-        .find(|m| m.variant == Variant::Off)
-        .map_or(f64::NAN, |m| m.lookup_queries);
+    let off_queries = |store| {
+        measured
+            .iter()
+            .find(|m| m.store == store && m.variant == Variant::Off)
+            .map_or(f64::NAN, |m| m.lookup_queries)
+    };
     let mut table = Table::new(
         format!(
             "{} events/s for {:.0} s (~1 KB payloads), webhook failing for the first {:.0} s, \
-             retries after {SCHEDULE}; ClickHouse log, Postgres queue",
+             retries after {SCHEDULE}; ClickHouse log with a Postgres queue, then the SQLite \
+             store (no ClickHouse there: its CPU columns are empty)",
             report::count(sizes.rate),
             sizes.seconds,
             sizes.failing_seconds
         ),
         &[
+            "store",
             "retry lookups",
             "lookup queries",
             "retries looked up",
@@ -277,15 +331,18 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
         ],
     );
     for m in &measured {
+        let clickhouse = m.store == Store::ClickHouse;
+        let cpu = |text: String| if clickhouse { text } else { "–".to_owned() };
         table.row(vec![
+            m.store.label().to_owned(),
             m.variant.label().to_owned(),
             report::count(m.lookup_queries),
             report::count(m.lookup_keys),
             format!("{:.1}", m.lookup_keys / m.lookup_queries.max(1.0)),
-            report::ratio(m.lookup_queries / off_queries),
-            format!("{:.2} s", m.lookup_cpu_s),
-            format!("{:.0} %", m.mean_cpu_percent),
-            format!("{:.0} %", m.peak_cpu_percent),
+            report::ratio(m.lookup_queries / off_queries(m.store)),
+            cpu(format!("{:.2} s", m.lookup_cpu_s)),
+            cpu(format!("{:.0} %", m.mean_cpu_percent)),
+            cpu(format!("{:.0} %", m.peak_cpu_percent)),
             format!(
                 "{} / {}",
                 report::count(m.delivered as f64),
@@ -294,7 +351,7 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
             format!("{:.1} MiB", m.peak_rss_mib),
         ]);
         report.memory.push(PeakRss::new(
-            format!("sheaf serve ({})", m.variant.label()),
+            format!("sheaf serve ({}, {})", m.store.label(), m.variant.label()),
             Some((m.peak_rss_mib * 1024.0) as u64),
         ));
     }
@@ -322,6 +379,7 @@ fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
                 log_y: false,
                 series: measured
                     .iter()
+                    .filter(|m| m.store == Store::ClickHouse)
                     .map(|m| (m.variant.label().to_owned(), m.cpu_series.clone()))
                     .collect(),
             },
