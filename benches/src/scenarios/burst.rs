@@ -195,7 +195,7 @@ async fn run_variant(
 
     let count = (sizes.rate * sizes.seconds) as usize;
     let progress = Arc::new(Progress::new(
-        format!("burst: {}", variant.label()),
+        format!("burst: {}, {}", store.label(), variant.label()),
         count as u64,
     ));
     let run_start_unix = std::time::SystemTime::now()
