@@ -47,10 +47,11 @@ pub struct SqliteOptions {
     pub lock: bool,
     /// The largest the database file may grow, in bytes (SQLite's `max_page_count`); `None`:
     /// as large as the disk allows. A cap below the disk's free space keeps a flood from filling
-    /// the disk the rest of the machine needs. The last eighth of it is a reserve: new events
-    /// are refused as `Unavailable` in front of it while deliveries and retention write on, and
-    /// retention frees delivered history beyond its bounds as the file nears it (the crate's
-    /// `space` module). Nothing committed is lost either way.
+    /// the disk the rest of the machine needs. Room is kept for the queued jobs' next attempt
+    /// records and a last eighth for writes in flight: new events are refused as `Unavailable`
+    /// in front of it while deliveries and retention write on, and retention frees delivered
+    /// history beyond its bounds as the file nears it (the crate's `space` module). Nothing a
+    /// delivery waits for is deleted, and nothing committed is lost.
     pub max_size_bytes: Option<u64>,
     /// How much of the log [`LogStore::maintain`](sheaf_store::LogStore::maintain) keeps.
     pub retention: LogRetention,

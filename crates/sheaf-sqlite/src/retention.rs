@@ -64,7 +64,7 @@ const UNHELD_EVENT: &str = "NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.tenant_i
 pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
     let mut did = false;
     for _ in 0..MAX_BATCHES {
-        // Measured after every flush, so each batch sees what the one before freed.
+        // The pages are read after every flush, so each batch sees what the one before freed.
         let pressure = db.pressure();
         let deleted = db
             .writer
@@ -97,8 +97,8 @@ pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
 /// the age (each with its attempts), then the same for attempts; returns how many rows went.
 /// Under `pressure` (pages the file should free as it nears its size cap, `space.rs`), at least
 /// as many of the oldest unheld events and attempts go as there are pages to free, whatever the
-/// counts say: most rows take a page or less, so this rarely frees much more than asked, and the next batch,
-/// measured anew, frees the rest.
+/// counts say: most rows take a page or less, so this rarely frees much more than asked, and
+/// the next batch, measured anew, frees the rest.
 async fn one_batch(
     connection: &mut SqliteConnection,
     retention: LogRetention,
