@@ -4,9 +4,40 @@ use std::time::Duration;
 
 use sheaf_sqlite::{LogRetention, SqliteOptions};
 use sheaf_store::testkit::fixtures::{ago, attempt, event, shift, unique_tenant};
-use sheaf_store::{DestinationId, EventFilter, Job, JobId, PageRequest, Payload, Timestamp};
+use sheaf_store::{
+    DestinationId, Event, EventFilter, Job, JobId, JobQueue, LogStore, PageRequest, Payload,
+    TenantId, Timestamp,
+};
 
-use crate::support::TestDb;
+use crate::support::{TestDb, fill_until_refused};
+
+/// Inserts event `id` with a job for destination `d` due in an hour: an event retention must
+/// keep.
+async fn insert_held(
+    log: &dyn LogStore,
+    queue: &dyn JobQueue,
+    tenant: &TenantId,
+    id: &str,
+    d: DestinationId,
+) -> Event {
+    let e = event(tenant, id, "t", Timestamp::now());
+    log.insert_many(std::slice::from_ref(&e), &[])
+        .await
+        .expect("insert");
+    queue
+        .enqueue(&[Job {
+            id: JobId::generate(),
+            tenant_id: tenant.clone(),
+            event_id: e.id.clone(),
+            destination_id: d,
+            attempt_number: 1,
+            last_attempt_time: None,
+            due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
+        }])
+        .await
+        .expect("enqueue");
+    e
+}
 
 fn retaining(retention: LogRetention) -> SqliteOptions {
     SqliteOptions {
@@ -196,41 +227,10 @@ async fn a_capped_file_refuses_new_events_first_and_frees_history_by_itself() {
     .await;
     let (log, queue) = (db.store.log_store(), db.store.job_queue());
     let tenant = unique_tenant("cap");
-    let payload = Payload::new(serde_json::json!({ "blob": "x".repeat(2000) }));
     let d = DestinationId::generate();
-    let mut written = Vec::new();
-    let mut refusal = None;
-    for batch in 0..200 {
-        let events: Vec<_> = (0..10)
-            .map(|i| {
-                let mut e = event(&tenant, &format!("b{batch}-{i}"), "t", Timestamp::now());
-                e.data = payload.clone();
-                e
-            })
-            .collect();
-        match log.insert_many(&events, &[]).await {
-            Ok(()) => written.extend(events),
-            Err(e) => {
-                refusal = Some(e);
-                break;
-            }
-        }
-        if batch == 0 {
-            // The first event waits for a delivery: retention must keep it.
-            queue
-                .enqueue(&[Job {
-                    id: JobId::generate(),
-                    tenant_id: tenant.clone(),
-                    event_id: written[0].id.clone(),
-                    destination_id: d,
-                    attempt_number: 1,
-                    last_attempt_time: None,
-                    due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
-                }])
-                .await
-                .expect("enqueue");
-        }
-    }
+    // This event waits for a delivery: retention must keep it.
+    let held = insert_held(log.as_ref(), queue.as_ref(), &tenant, "held", d).await;
+    let (written, refusal) = fill_until_refused(log.as_ref(), &tenant, 2000, 10, 200).await;
     let refusal = refusal.expect("the door shut before 2,000 events of 2 KB");
     assert_eq!(refusal.kind(), sheaf_store::ErrorKind::Unavailable);
     assert!(
@@ -258,9 +258,9 @@ async fn a_capped_file_refuses_new_events_first_and_frees_history_by_itself() {
         let (tenant, id) = (e.tenant_id.clone(), e.id.clone());
         async move { log.get_event(&tenant, &id).await.expect("read").is_some() }
     };
-    assert!(kept(&written[0]).await, "the held event stays");
+    assert!(kept(&held).await, "the held event stays");
     assert!(
-        !kept(&written[1]).await,
+        !kept(&written[0]).await,
         "the oldest delivered history went"
     );
     assert!(
@@ -284,23 +284,8 @@ async fn a_capped_file_full_of_retries_keeps_only_the_latest_attempts() {
     .await;
     let (log, queue) = (db.store.log_store(), db.store.job_queue());
     let tenant = unique_tenant("retries");
-    let e = event(&tenant, "waiting", "t", Timestamp::now());
     let d = DestinationId::generate();
-    log.insert_many(std::slice::from_ref(&e), &[])
-        .await
-        .expect("insert");
-    queue
-        .enqueue(&[Job {
-            id: JobId::generate(),
-            tenant_id: tenant.clone(),
-            event_id: e.id.clone(),
-            destination_id: d,
-            attempt_number: 2,
-            last_attempt_time: None,
-            due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
-        }])
-        .await
-        .expect("enqueue");
+    let e = insert_held(log.as_ref(), queue.as_ref(), &tenant, "waiting", d).await;
     let t = ago(Duration::from_secs(3600));
     let failing = |n: i64| {
         let mut a = attempt(&e, d, shift(t, n * 1000));

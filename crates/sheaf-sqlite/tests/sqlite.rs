@@ -7,7 +7,7 @@ use sheaf_sqlite::{SqliteError, SqliteOptions, SqliteStore, Synchronous};
 use sheaf_store::testkit::fixtures::{destination, event, job, unique_tenant};
 use sheaf_store::{ErrorKind, QueueDepth, Timestamp};
 
-use crate::support::TestDb;
+use crate::support::{TestDb, fill_until_refused};
 
 /// Concurrent writers share transactions: many operations, fewer flushes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,25 +239,7 @@ async fn a_full_file_refuses_writes_and_recovers() {
     let db = TestDb::with_options("full", options).await;
     let log = db.store.log_store();
     let tenant = unique_tenant("full");
-    let payload = sheaf_store::Payload::new(serde_json::json!({ "blob": "x".repeat(4000) }));
-    let mut written = Vec::new();
-    let mut refusal = None;
-    for batch in 0..100 {
-        let events: Vec<_> = (0..20)
-            .map(|i| {
-                let mut e = event(&tenant, &format!("b{batch}-{i}"), "t", Timestamp::now());
-                e.data = payload.clone();
-                e
-            })
-            .collect();
-        match log.insert_many(&events, &[]).await {
-            Ok(()) => written.extend(events),
-            Err(e) => {
-                refusal = Some(e);
-                break;
-            }
-        }
-    }
+    let (written, refusal) = fill_until_refused(log.as_ref(), &tenant, 4000, 20, 100).await;
     let refusal = refusal.expect("the cap was reached");
     assert_eq!(refusal.kind(), ErrorKind::Unavailable, "{refusal}");
     assert!(refusal.to_string().contains("full"), "{refusal}");

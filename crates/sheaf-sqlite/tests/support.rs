@@ -1,9 +1,11 @@
-//! A store in a file of its own, removed when the test ends.
+//! A store in a file of its own, removed when the test ends, and a flood that fills it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sheaf_sqlite::{SqliteOptions, SqliteStore};
+use sheaf_store::testkit::fixtures::event;
+use sheaf_store::{Event, LogStore, Payload, TenantId, Timestamp};
 
 /// A fresh database file in a directory of its own under the system's temporary directory.
 pub struct TestDb {
@@ -36,4 +38,32 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Inserts batches of `per_batch` events of `tenant`, each with a `payload_bytes` blob, at most
+/// `batches` of them, until the store refuses one; returns what was written, oldest first, and
+/// the refusal (`None` when every batch went in).
+pub async fn fill_until_refused(
+    log: &dyn LogStore,
+    tenant: &TenantId,
+    payload_bytes: usize,
+    per_batch: usize,
+    batches: usize,
+) -> (Vec<Event>, Option<sheaf_store::Error>) {
+    let payload = Payload::new(serde_json::json!({ "blob": "x".repeat(payload_bytes) }));
+    let mut written = Vec::new();
+    for batch in 0..batches {
+        let events: Vec<_> = (0..per_batch)
+            .map(|i| {
+                let mut e = event(tenant, &format!("b{batch}-{i}"), "t", Timestamp::now());
+                e.data = payload.clone();
+                e
+            })
+            .collect();
+        match log.insert_many(&events, &[]).await {
+            Ok(()) => written.extend(events),
+            Err(e) => return (written, Some(e)),
+        }
+    }
+    (written, None)
 }
