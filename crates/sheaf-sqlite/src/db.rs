@@ -14,7 +14,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
-use crate::error::{decode, from_sqlx};
+use crate::error::{Doing, decode, from_sqlx};
 use crate::space::Space;
 use crate::writer::Writer;
 
@@ -69,30 +69,79 @@ impl Db {
     }
 }
 
-/// Reads column `name` of `row`, as a store error on failure.
-pub(crate) fn get<'r, T>(row: &'r SqliteRow, name: &str) -> Result<T>
-where
-    T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+/// A value both drivers decode: what the tables' columns hold (integers, text, their options).
+pub(crate) trait Value:
+    for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite> + rusqlite::types::FromSql
 {
-    sqlx::Row::try_get(row, name).map_err(|e| from_sqlx(&format!("reading column {name}"), e))
+}
+
+impl<T> Value for T where
+    T: for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite> + rusqlite::types::FromSql
+{
+}
+
+/// A row of either driver: the readers' (sqlx) or the writer's (rusqlite), so that one decoder
+/// reads a destination, a job or a replay whichever connection returned it.
+pub(crate) trait Columns {
+    /// Column `name`, as a store error on failure.
+    fn column<T: Value>(&self, name: &str) -> Result<T>;
+}
+
+impl Columns for SqliteRow {
+    fn column<T: Value>(&self, name: &str) -> Result<T> {
+        sqlx::Row::try_get(self, name).map_err(|e| from_sqlx(&format!("reading column {name}"), e))
+    }
+}
+
+impl Columns for rusqlite::Row<'_> {
+    fn column<T: Value>(&self, name: &str) -> Result<T> {
+        self.get(name).doing(&format!("reading column {name}"))
+    }
+}
+
+/// Reads column `name` of `row`, as a store error on failure.
+pub(crate) fn get<T: Value>(row: &impl Columns, name: &str) -> Result<T> {
+    row.column(name)
 }
 
 /// Reads an INTEGER microseconds column as a [`Timestamp`].
-pub(crate) fn get_time(row: &SqliteRow, name: &str) -> Result<Timestamp> {
+pub(crate) fn get_time(row: &impl Columns, name: &str) -> Result<Timestamp> {
     let micros: i64 = get(row, name)?;
     Timestamp::from_micros(micros).map_err(|e| decode(&format!("reading column {name}"), e))
 }
 
 /// Reads a TEXT UUID column.
-pub(crate) fn get_uuid(row: &SqliteRow, name: &str) -> Result<Uuid> {
+pub(crate) fn get_uuid(row: &impl Columns, name: &str) -> Result<Uuid> {
     let text: String = get(row, name)?;
     Uuid::parse_str(&text).map_err(|e| decode(&format!("reading column {name}"), e))
 }
 
 /// Reads an INTEGER column that holds a `u32`.
-pub(crate) fn get_u32(row: &SqliteRow, name: &str) -> Result<u32> {
+pub(crate) fn get_u32(row: &impl Columns, name: &str) -> Result<u32> {
     let value: i64 = get(row, name)?;
     u32::try_from(value).map_err(|_| decode(&format!("reading column {name}"), value))
+}
+
+/// Every row `rows` (the writer's) returns, decoded by `decode`.
+pub(crate) fn collect<T>(
+    mut rows: rusqlite::Rows<'_>,
+    doing: &str,
+    mut decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut decoded = Vec::new();
+    while let Some(row) = rows.next().doing(doing)? {
+        decoded.push(decode(row)?);
+    }
+    Ok(decoded)
+}
+
+/// The first row `rows` (the writer's) returns, if any, decoded by `decode`.
+pub(crate) fn first<T>(
+    mut rows: rusqlite::Rows<'_>,
+    doing: &str,
+    decode: impl FnOnce(&rusqlite::Row<'_>) -> Result<T>,
+) -> Result<Option<T>> {
+    rows.next().doing(doing)?.map(decode).transpose()
 }
 
 /// A UUID as the text the tables hold.

@@ -12,11 +12,10 @@ use sheaf_store::{
     DisabledReason, EntityStore, Error, Filter, HealthChange, PreviousSecret, RateLimit, Result,
     Secret, Tenant, TenantId, TenantUpsert, Timestamp, Topics, validate_health_reports,
 };
-use sqlx::SqliteConnection;
-use sqlx::sqlite::SqliteRow;
+use rusqlite::{Connection, params};
 
-use crate::db::{Db, get, get_time, get_uuid, uuid_text};
-use crate::error::{decode, from_sqlx};
+use crate::db::{Columns, Db, first, get, get_time, get_uuid, uuid_text};
+use crate::error::{Doing, decode, from_sqlx};
 
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, config, topics, filter, \
      rate_limit_per_second, headers, enabled, disabled_reason, disabled_since, \
@@ -56,7 +55,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<
     serde_json::from_str(text).map_err(|e| decode(&format!("reading {what}"), e))
 }
 
-fn tenant_from_row(row: &SqliteRow) -> Result<Tenant> {
+fn tenant_from_row(row: &impl Columns) -> Result<Tenant> {
     Ok(Tenant {
         id: TenantId::new(get::<String>(row, "id")?)?,
         metadata: parse_json(&get::<String>(row, "metadata")?, "a tenant's metadata")?,
@@ -65,7 +64,7 @@ fn tenant_from_row(row: &SqliteRow) -> Result<Tenant> {
     })
 }
 
-fn destination_from_row(row: &SqliteRow) -> Result<Destination> {
+fn destination_from_row(row: &impl Columns) -> Result<Destination> {
     let reading = "reading a destination";
     let kind: String = get(row, "kind")?;
     let topics: Vec<String> = parse_json(&get::<String>(row, "topics")?, "topics")?;
@@ -129,24 +128,25 @@ fn missing_destination(tenant: &TenantId, id: &DestinationId) -> Error {
 }
 
 /// The tenant's destination as the writer sees it, inside its transaction.
-async fn load(
-    connection: &mut SqliteConnection,
+fn load(
+    connection: &Connection,
     tenant: &TenantId,
     id: &DestinationId,
 ) -> Result<Option<Destination>> {
-    let row = sqlx::query(&format!(
-        "SELECT {DESTINATION_COLUMNS} FROM destinations WHERE tenant_id = ?1 AND id = ?2"
-    ))
-    .bind(tenant.as_str())
-    .bind(uuid_text(id.as_uuid()))
-    .fetch_optional(&mut *connection)
-    .await
-    .map_err(|e| from_sqlx("reading a destination", e))?;
-    row.as_ref().map(destination_from_row).transpose()
+    let doing = "reading a destination";
+    let mut statement = connection
+        .prepare_cached(&format!(
+            "SELECT {DESTINATION_COLUMNS} FROM destinations WHERE tenant_id = ?1 AND id = ?2"
+        ))
+        .doing(doing)?;
+    let rows = statement
+        .query(params![tenant.as_str(), uuid_text(id.as_uuid())])
+        .doing(doing)?;
+    first(rows, doing, |row| destination_from_row(row))
 }
 
 /// Writes every column of `d`: a new row (`insert`), or over the row with its id.
-async fn save(connection: &mut SqliteConnection, d: &Destination, insert: bool) -> Result<()> {
+fn save(connection: &Connection, d: &Destination, insert: bool) -> Result<()> {
     let sql = if insert {
         format!(
             "INSERT INTO destinations ({DESTINATION_COLUMNS})
@@ -165,33 +165,36 @@ async fn save(connection: &mut SqliteConnection, d: &Destination, insert: bool) 
     };
     let reason = d.disabled_reason.as_ref();
     let previous = d.previous_secret.as_ref();
-    sqlx::query(&sql)
-        .bind(uuid_text(d.id.as_uuid()))
-        .bind(d.tenant_id.as_str())
-        .bind(d.kind.as_str())
-        .bind(json_text(&d.config, "config")?)
-        .bind(json_text(&d.topics.to_list(), "topics")?)
-        .bind(
-            d.filter
-                .as_ref()
-                .map(|f| json_text(f.source(), "filter"))
-                .transpose()?,
-        )
-        .bind(d.rate_limit.map(|r| i64::from(r.per_second)))
-        .bind(json_text(&d.headers, "headers")?)
-        .bind(d.enabled)
-        .bind(reason.map(|r| r.reason.as_str()))
-        .bind(reason.map(|r| r.since.as_micros()))
-        .bind(reason.map(|r| r.automatic))
-        .bind(i64::from(d.consecutive_failures))
-        .bind(d.secret.expose())
-        .bind(previous.map(|p| p.secret.expose()))
-        .bind(previous.map(|p| p.expires_at.as_micros()))
-        .bind(d.created_at.as_micros())
-        .bind(d.updated_at.as_micros())
-        .execute(&mut *connection)
-        .await
-        .map_err(|e| from_sqlx("writing a destination", e))?;
+    let doing = "writing a destination";
+    let filter = d
+        .filter
+        .as_ref()
+        .map(|f| json_text(f.source(), "filter"))
+        .transpose()?;
+    connection
+        .prepare_cached(&sql)
+        .doing(doing)?
+        .execute(params![
+            uuid_text(d.id.as_uuid()),
+            d.tenant_id.as_str(),
+            d.kind.as_str(),
+            json_text(&d.config, "config")?,
+            json_text(&d.topics.to_list(), "topics")?,
+            filter,
+            d.rate_limit.map(|r| i64::from(r.per_second)),
+            json_text(&d.headers, "headers")?,
+            d.enabled,
+            reason.map(|r| r.reason.as_str()),
+            reason.map(|r| r.since.as_micros()),
+            reason.map(|r| r.automatic),
+            i64::from(d.consecutive_failures),
+            d.secret.expose(),
+            previous.map(|p| p.secret.expose()),
+            previous.map(|p| p.expires_at.as_micros()),
+            d.created_at.as_micros(),
+            d.updated_at.as_micros(),
+        ])
+        .doing(doing)?;
     Ok(())
 }
 
@@ -243,43 +246,41 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("upserting a tenant", 128 + metadata.len(), move |c| {
-                Box::pin(async move {
-                    let old =
-                        sqlx::query("SELECT created_at, updated_at FROM tenants WHERE id = ?1")
-                            .bind(id.as_str())
-                            .fetch_optional(&mut *c)
-                            .await
-                            .map_err(|e| from_sqlx("reading a tenant", e))?;
-                    let created = old.is_none();
-                    let (created_at, updated_at) = match &old {
-                        Some(row) => (
-                            get_time(row, "created_at")?,
-                            touch(get_time(row, "updated_at")?),
-                        ),
-                        None => {
-                            let now = Timestamp::now();
-                            (now, now)
-                        }
-                    };
-                    let row = sqlx::query(
+                let doing = "upserting a tenant";
+                let mut read = c
+                    .prepare_cached("SELECT created_at, updated_at FROM tenants WHERE id = ?1")
+                    .doing(doing)?;
+                let old = first(read.query([id.as_str()]).doing(doing)?, doing, |row| {
+                    Ok((get_time(row, "created_at")?, get_time(row, "updated_at")?))
+                })?;
+                let created = old.is_none();
+                let (created_at, updated_at) = match old {
+                    Some((created_at, updated_at)) => (created_at, touch(updated_at)),
+                    None => {
+                        let now = Timestamp::now();
+                        (now, now)
+                    }
+                };
+                let mut upsert = c
+                    .prepare_cached(
                         "INSERT INTO tenants (id, metadata, created_at, updated_at)
                          VALUES (?1, ?2, ?3, ?4)
                          ON CONFLICT (id) DO UPDATE
                              SET metadata = excluded.metadata, updated_at = excluded.updated_at
                          RETURNING id, metadata, created_at, updated_at",
                     )
-                    .bind(id.as_str())
-                    .bind(metadata)
-                    .bind(created_at.as_micros())
-                    .bind(updated_at.as_micros())
-                    .fetch_one(&mut *c)
-                    .await
-                    .map_err(|e| from_sqlx("upserting a tenant", e))?;
-                    Ok(TenantUpsert {
-                        tenant: tenant_from_row(&row)?,
-                        created,
-                    })
-                })
+                    .doing(doing)?;
+                let rows = upsert
+                    .query(params![
+                        id.as_str(),
+                        metadata,
+                        created_at.as_micros(),
+                        updated_at.as_micros(),
+                    ])
+                    .doing(doing)?;
+                let tenant = first(rows, doing, |row| tenant_from_row(row))?
+                    .ok_or_else(|| decode(doing, "the upsert returned no row"))?;
+                Ok(TenantUpsert { tenant, created })
             })
             .await
     }
@@ -299,18 +300,14 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("deleting a tenant", 64, move |c| {
-                Box::pin(async move {
-                    // Destinations go with the tenant through ON DELETE CASCADE.
-                    let done = sqlx::query("DELETE FROM tenants WHERE id = ?1")
-                        .bind(id.as_str())
-                        .execute(&mut *c)
-                        .await
-                        .map_err(|e| from_sqlx("deleting a tenant", e))?;
-                    if done.rows_affected() == 0 {
-                        return Err(Error::not_found(format!("tenant {id}")));
-                    }
-                    Ok(())
-                })
+                // Destinations go with the tenant through ON DELETE CASCADE.
+                let deleted = c
+                    .execute("DELETE FROM tenants WHERE id = ?1", [id.as_str()])
+                    .doing("deleting a tenant")?;
+                if deleted == 0 {
+                    return Err(Error::not_found(format!("tenant {id}")));
+                }
+                Ok(())
             })
             .await
     }
@@ -322,7 +319,7 @@ impl EntityStore for SqliteEntityStore {
             .run("creating a destination", 1024, move |c| {
                 // A missing tenant fails the foreign key (NotFound), a taken id the primary key
                 // (Conflict), whichever tenant holds it.
-                Box::pin(async move { save(c, &destination, true).await })
+                save(c, &destination, true)
             })
             .await
     }
@@ -364,14 +361,11 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("updating a destination", 1024, move |c| {
-                Box::pin(async move {
-                    let mut destination = load(c, &tenant, &id)
-                        .await?
-                        .ok_or_else(|| missing_destination(&tenant, &id))?;
-                    patch.apply_to(&mut destination);
-                    save(c, &destination, false).await?;
-                    Ok(destination)
-                })
+                let mut destination =
+                    load(c, &tenant, &id)?.ok_or_else(|| missing_destination(&tenant, &id))?;
+                patch.apply_to(&mut destination);
+                save(c, &destination, false)?;
+                Ok(destination)
             })
             .await
     }
@@ -389,24 +383,20 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("recording delivery health", 128 * reports.len(), move |c| {
-                Box::pin(async move {
-                    let mut changes = Vec::new();
-                    for report in &reports {
-                        let Some(mut destination) =
-                            load(c, &report.tenant_id, &report.destination_id).await?
-                        else {
-                            continue;
-                        };
-                        let (changed, write) =
-                            apply_health(&mut destination, report, disable_after);
-                        // A healthy destination's report changes nothing and writes nothing.
-                        if write {
-                            save(c, &destination, false).await?;
-                        }
-                        changes.extend(changed);
+                let mut changes = Vec::new();
+                for report in &reports {
+                    let Some(mut destination) = load(c, &report.tenant_id, &report.destination_id)?
+                    else {
+                        continue;
+                    };
+                    let (changed, write) = apply_health(&mut destination, report, disable_after);
+                    // A healthy destination's report changes nothing and writes nothing.
+                    if write {
+                        save(c, &destination, false)?;
                     }
-                    Ok(changes)
-                })
+                    changes.extend(changed);
+                }
+                Ok(changes)
             })
             .await
     }
@@ -422,19 +412,16 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("rotating a destination's secret", 256, move |c| {
-                Box::pin(async move {
-                    let mut destination = load(c, &tenant, &id)
-                        .await?
-                        .ok_or_else(|| missing_destination(&tenant, &id))?;
-                    let previous = std::mem::replace(&mut destination.secret, new_secret);
-                    destination.previous_secret = Some(PreviousSecret {
-                        secret: previous,
-                        expires_at: previous_expires_at,
-                    });
-                    destination.updated_at = touch(destination.updated_at);
-                    save(c, &destination, false).await?;
-                    Ok(destination)
-                })
+                let mut destination =
+                    load(c, &tenant, &id)?.ok_or_else(|| missing_destination(&tenant, &id))?;
+                let previous = std::mem::replace(&mut destination.secret, new_secret);
+                destination.previous_secret = Some(PreviousSecret {
+                    secret: previous,
+                    expires_at: previous_expires_at,
+                });
+                destination.updated_at = touch(destination.updated_at);
+                save(c, &destination, false)?;
+                Ok(destination)
             })
             .await
     }
@@ -444,19 +431,16 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("deleting a destination", 64, move |c| {
-                Box::pin(async move {
-                    let done =
-                        sqlx::query("DELETE FROM destinations WHERE tenant_id = ?1 AND id = ?2")
-                            .bind(tenant.as_str())
-                            .bind(uuid_text(id.as_uuid()))
-                            .execute(&mut *c)
-                            .await
-                            .map_err(|e| from_sqlx("deleting a destination", e))?;
-                    if done.rows_affected() == 0 {
-                        return Err(missing_destination(&tenant, &id));
-                    }
-                    Ok(())
-                })
+                let deleted = c
+                    .execute(
+                        "DELETE FROM destinations WHERE tenant_id = ?1 AND id = ?2",
+                        params![tenant.as_str(), uuid_text(id.as_uuid())],
+                    )
+                    .doing("deleting a destination")?;
+                if deleted == 0 {
+                    return Err(missing_destination(&tenant, &id));
+                }
+                Ok(())
             })
             .await
     }
@@ -486,31 +470,28 @@ impl EntityStore for SqliteEntityStore {
         self.db
             .writer
             .run("swapping stored credentials", 512 * swaps.len(), move |c| {
-                Box::pin(async move {
-                    let mut swapped = Vec::new();
-                    for swap in &swaps {
-                        let Some(mut destination) =
-                            load(c, &swap.tenant_id, &swap.destination_id).await?
-                        else {
-                            continue;
-                        };
-                        // A row changed since it was read keeps its new values.
-                        if sheaf_store::StoredCredentials::of(&destination) != swap.expected {
-                            continue;
-                        }
-                        destination.secret = swap.replacement.secret.clone();
-                        destination.config = swap.replacement.config.clone();
-                        if let Some(previous) = &mut destination.previous_secret {
-                            match &swap.replacement.previous_secret {
-                                Some(secret) => previous.secret = secret.clone(),
-                                None => destination.previous_secret = None,
-                            }
-                        }
-                        save(c, &destination, false).await?;
-                        swapped.push(destination.id);
+                let mut swapped = Vec::new();
+                for swap in &swaps {
+                    let Some(mut destination) = load(c, &swap.tenant_id, &swap.destination_id)?
+                    else {
+                        continue;
+                    };
+                    // A row changed since it was read keeps its new values.
+                    if sheaf_store::StoredCredentials::of(&destination) != swap.expected {
+                        continue;
                     }
-                    Ok(swapped)
-                })
+                    destination.secret = swap.replacement.secret.clone();
+                    destination.config = swap.replacement.config.clone();
+                    if let Some(previous) = &mut destination.previous_secret {
+                        match &swap.replacement.previous_secret {
+                            Some(secret) => previous.secret = secret.clone(),
+                            None => destination.previous_secret = None,
+                        }
+                    }
+                    save(c, &destination, false)?;
+                    swapped.push(destination.id);
+                }
+                Ok(swapped)
             })
             .await
     }

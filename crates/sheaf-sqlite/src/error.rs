@@ -24,9 +24,9 @@ pub enum SqliteError {
     Open {
         /// The database file.
         path: PathBuf,
-        /// The driver's error.
+        /// The driver's error (the readers' or the writer's driver).
         #[source]
-        source: sqlx::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Another store (in this process or another) holds the file: two processes writing one
     /// file would take turns for every write, and a second `sheaf` on the same data is a
@@ -104,6 +104,37 @@ pub(crate) fn from_sqlx(doing: &str, error: sqlx::Error) -> Error {
         Kind::Conflict => Error::conflict(format!("{doing}: {error}")),
         Kind::NotFound => Error::not_found(format!("{doing}: {error}")),
         Kind::InvalidInput => Error::invalid_input(format!("{doing}: {error}")),
+    }
+}
+
+/// Converts an error of the writer's driver met while `doing` something, as [`from_sqlx`] does
+/// for the readers'.
+pub(crate) fn from_rusqlite(doing: &str, error: rusqlite::Error) -> Error {
+    let kind = match &error {
+        rusqlite::Error::SqliteFailure(failure, _) => classify_code(failure.extended_code),
+        rusqlite::Error::ToSqlConversionFailure(_) | rusqlite::Error::InvalidParameterName(_) => {
+            Kind::InvalidInput
+        }
+        _ => Kind::Backend,
+    };
+    match kind {
+        Kind::Unavailable => Error::unavailable(format!("{doing}: {error}"), error),
+        Kind::Backend => Error::backend(doing, error),
+        Kind::Conflict => Error::conflict(format!("{doing}: {error}")),
+        Kind::NotFound => Error::not_found(format!("{doing}: {error}")),
+        Kind::InvalidInput => Error::invalid_input(format!("{doing}: {error}")),
+    }
+}
+
+/// `.doing("claiming jobs")?` on the writer driver's results: the error as a store error that
+/// says what was being done.
+pub(crate) trait Doing<T> {
+    fn doing(self, what: &str) -> Result<T, Error>;
+}
+
+impl<T> Doing<T> for rusqlite::Result<T> {
+    fn doing(self, what: &str) -> Result<T, Error> {
+        self.map_err(|e| from_rusqlite(what, e))
     }
 }
 

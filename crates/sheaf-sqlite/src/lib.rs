@@ -65,29 +65,35 @@ impl SqliteStore {
         } else {
             None
         };
-        let opening = |source| SqliteError::Open {
+        let opening = |source: Box<dyn std::error::Error + Send + Sync>| SqliteError::Open {
             path: path.clone(),
             source,
         };
-        // The writer opens first: it creates the file, switches it to WAL (a setting of the file,
-        // so the readers find it on) and migrates it before any reader looks. Incremental
+        // A first connection creates the file, switches it to WAL (a setting of the file, so
+        // the others find it on) and migrates it before any other looks. Incremental
         // auto-vacuum must be chosen before the first table exists; it lets the store hand freed
         // pages back to the file system a batch at a time instead of rewriting the whole file.
-        let write_options = options
-            .connect_writer(&path)
+        let create_options = options
+            .connect(&path)
+            .create_if_missing(true)
             .auto_vacuum(SqliteAutoVacuum::Incremental)
             .journal_mode(SqliteJournalMode::Wal);
-        let mut connection = SqliteConnection::connect_with(&write_options)
+        let mut connection = SqliteConnection::connect_with(&create_options)
             .await
-            .map_err(opening)?;
-        migrate::run(&mut connection, &path).await?;
+            .map_err(|e| opening(e.into()))?;
+        let migrated = migrate::run(&mut connection, &path).await;
+        let _ = connection.close().await;
+        migrated?;
+        let connection = options
+            .open_writer(&path)
+            .map_err(|e| opening(e.into()))?;
         let space = options
             .max_size_bytes
             .map(|bytes| Arc::new(Space::new(bytes)));
         if let Some(space) = &space {
             // The door starts from the file as it is; should this read fail, the first flush's
             // measurement stands in (the file is readable, migrations just ran on it).
-            if let Err(e) = space.measure(&mut connection, true).await {
+            if let Err(e) = space.measure(&connection, true) {
                 tracing::warn!(error = %e, "measuring the sqlite database at open");
             }
         }
@@ -96,7 +102,7 @@ impl SqliteStore {
             .min_connections(0)
             .connect_with(options.connect(&path).read_only(true))
             .await
-            .map_err(opening)?;
+            .map_err(|e| opening(e.into()))?;
         let writer = Writer::start(connection, options.write, space.clone())
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))?;
         let db = Db::new(readers, writer, path, lock, space);

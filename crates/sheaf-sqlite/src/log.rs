@@ -12,11 +12,11 @@ use sheaf_store::{
     Buckets, Cursor, DestinationId, Event, EventFilter, EventId, EventKey, LogStore, Page,
     PageRequest, Payload, Result, TenantId, TraceContext,
 };
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use rusqlite::{Connection, params};
+use sqlx::{QueryBuilder, Sqlite};
 
-use crate::db::{Db, get, get_time, get_u32, get_uuid, uuid_text};
-use crate::error::{decode, from_sqlx};
+use crate::db::{Columns, Db, get, get_time, get_u32, get_uuid, uuid_text};
+use crate::error::{Doing, decode, from_sqlx};
 use crate::retention::{self, LogRetention};
 
 /// Most keys one latest-attempt statement carries; larger calls are split. The keys travel as
@@ -169,58 +169,55 @@ pub(crate) fn batch_bytes(events: &[Event], attempts: &[Attempt]) -> usize {
 
 /// Inserts `events`, skipping identities already stored, on the writer connection; returns how
 /// many were new.
-pub(crate) async fn insert_events(
-    connection: &mut SqliteConnection,
-    events: &[Event],
-) -> Result<u64> {
+pub(crate) fn insert_events(connection: &Connection, events: &[Event]) -> Result<u64> {
+    let doing = "inserting events";
+    let mut statement = connection.prepare_cached(INSERT_EVENT).doing(doing)?;
     let mut inserted = 0;
     for event in events {
         let data = serde_json::to_string(event.data.value())
             .map_err(|e| sheaf_store::Error::invalid_input(format!("event data: {e}")))?;
-        let done = sqlx::query(INSERT_EVENT)
-            .bind(event.tenant_id.as_str())
-            .bind(event.id.as_str())
-            .bind(event.topic.as_str())
-            .bind(event.time.as_micros())
-            .bind(data)
-            .bind(event.trace.as_ref().map(TraceContext::traceparent))
-            .bind(event.trace.as_ref().and_then(TraceContext::tracestate))
-            .execute(&mut *connection)
-            .await
-            .map_err(|e| from_sqlx("inserting events", e))?;
-        inserted += done.rows_affected();
+        inserted += statement
+            .execute(params![
+                event.tenant_id.as_str(),
+                event.id.as_str(),
+                event.topic.as_str(),
+                event.time.as_micros(),
+                data,
+                event.trace.as_ref().map(TraceContext::traceparent),
+                event.trace.as_ref().and_then(TraceContext::tracestate),
+            ])
+            .doing(doing)?;
     }
-    Ok(inserted)
+    Ok(inserted as u64)
 }
 
 /// Inserts `attempts`, skipping identities already stored, on the writer connection.
-pub(crate) async fn insert_attempts(
-    connection: &mut SqliteConnection,
-    attempts: &[Attempt],
-) -> Result<()> {
+pub(crate) fn insert_attempts(connection: &Connection, attempts: &[Attempt]) -> Result<()> {
+    let doing = "inserting attempts";
+    let mut statement = connection.prepare_cached(INSERT_ATTEMPT).doing(doing)?;
     for a in attempts {
-        sqlx::query(INSERT_ATTEMPT)
-            .bind(a.tenant_id.as_str())
-            .bind(uuid_text(a.id.as_uuid()))
-            .bind(a.event_id.as_str())
-            .bind(uuid_text(a.destination_id.as_uuid()))
-            .bind(i64::from(a.number))
-            .bind(a.time.as_micros())
-            .bind(a.status.as_str())
-            .bind(a.trigger.as_str())
-            .bind(a.response_code.map(i64::from))
-            .bind(i64::from(a.duration_ms))
-            .bind(a.response_body.as_deref())
-            .bind(a.error.as_deref())
-            .bind(a.event_topic.as_str())
-            .execute(&mut *connection)
-            .await
-            .map_err(|e| from_sqlx("inserting attempts", e))?;
+        statement
+            .execute(params![
+                a.tenant_id.as_str(),
+                uuid_text(a.id.as_uuid()),
+                a.event_id.as_str(),
+                uuid_text(a.destination_id.as_uuid()),
+                i64::from(a.number),
+                a.time.as_micros(),
+                a.status.as_str(),
+                a.trigger.as_str(),
+                a.response_code.map(i64::from),
+                i64::from(a.duration_ms),
+                a.response_body.as_deref(),
+                a.error.as_deref(),
+                a.event_topic.as_str(),
+            ])
+            .doing(doing)?;
     }
     Ok(())
 }
 
-pub(crate) fn event_from_row(row: &SqliteRow) -> Result<Event> {
+pub(crate) fn event_from_row(row: &impl Columns) -> Result<Event> {
     let data: String = get(row, "data")?;
     let data: serde_json::Value =
         serde_json::from_str(&data).map_err(|e| decode("reading an event's data", e))?;
@@ -235,7 +232,7 @@ pub(crate) fn event_from_row(row: &SqliteRow) -> Result<Event> {
 }
 
 /// The `traceparent` and `tracestate` columns as the event's trace context.
-fn trace_from_row(row: &SqliteRow) -> Result<Option<TraceContext>> {
+fn trace_from_row(row: &impl Columns) -> Result<Option<TraceContext>> {
     let parent: Option<String> = get(row, "traceparent")?;
     let state: Option<String> = get(row, "tracestate")?;
     parent
@@ -246,7 +243,7 @@ fn trace_from_row(row: &SqliteRow) -> Result<Option<TraceContext>> {
         .transpose()
 }
 
-pub(crate) fn attempt_from_row(row: &SqliteRow) -> Result<Attempt> {
+pub(crate) fn attempt_from_row(row: &impl Columns) -> Result<Attempt> {
     let reading = "reading an attempt";
     let status: String = get(row, "status")?;
     let trigger: String = get(row, "trigger")?;
@@ -328,10 +325,8 @@ impl LogStore for SqliteLogStore {
         self.db
             .writer
             .run("inserting events and attempts", bytes, move |c| {
-                Box::pin(async move {
-                    insert_events(c, &events).await?;
-                    insert_attempts(c, &attempts).await
-                })
+                insert_events(c, &events)?;
+                insert_attempts(c, &attempts)
             })
             .await
     }

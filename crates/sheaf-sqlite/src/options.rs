@@ -27,7 +27,18 @@ impl Synchronous {
             Synchronous::Full => sqlx::sqlite::SqliteSynchronous::Full,
         }
     }
+
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        }
+    }
 }
+
+/// How far a checkpoint truncates the WAL: a checkpoint restarts the WAL from its start but
+/// leaves the file at its largest, so this keeps it from holding a flood's size.
+const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// How [`SqliteStore::open`](crate::SqliteStore::open) opens the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,19 +119,35 @@ impl SqliteOptions {
             .map_err(|e| SqliteError::InvalidOption(e.to_string()))
     }
 
-    /// The writer's options beyond [`Self::connect`]'s: the size cap, counted in pages.
-    pub(crate) fn connect_writer(
+    /// Opens the writer connection on the file `path` (created, in WAL mode and migrated by
+    /// then), with the settings [`Self::connect`] gives the readers and the size cap, counted in
+    /// pages.
+    pub(crate) fn open_writer(
         &self,
         path: &std::path::Path,
-    ) -> sqlx::sqlite::SqliteConnectOptions {
-        let options = self.connect(path).create_if_missing(true);
-        match self.max_size_bytes {
-            Some(bytes) => options.pragma(
-                "max_page_count",
-                (bytes / crate::space::PAGE_BYTES).to_string(),
-            ),
-            None => options,
+    ) -> rusqlite::Result<rusqlite::Connection> {
+        use rusqlite::OpenFlags;
+        let connection = rusqlite::Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        connection.busy_timeout(self.busy_timeout)?;
+        connection.pragma_update(None, "synchronous", self.synchronous.pragma())?;
+        connection.pragma_update(None, "foreign_keys", "ON")?;
+        // Both answer with their new value, which a plain update would refuse as a result.
+        connection.pragma_update_and_check(
+            None,
+            "journal_size_limit",
+            JOURNAL_SIZE_LIMIT,
+            |_| Ok(()),
+        )?;
+        if let Some(bytes) = self.max_size_bytes {
+            let pages = i64::try_from(bytes / crate::space::PAGE_BYTES).unwrap_or(i64::MAX);
+            connection.pragma_update_and_check(None, "max_page_count", pages, |_| Ok(()))?;
         }
+        // Every statement the stores write with stays prepared.
+        connection.set_prepared_statement_cache_capacity(128);
+        Ok(connection)
     }
 
     pub(crate) fn connect(&self, path: &std::path::Path) -> sqlx::sqlite::SqliteConnectOptions {
@@ -129,8 +156,6 @@ impl SqliteOptions {
             .busy_timeout(self.busy_timeout)
             .synchronous(self.synchronous.to_sqlx())
             .foreign_keys(true)
-            // A checkpoint restarts the WAL from its start but leaves the file at its largest;
-            // this truncates it back after a burst, so the WAL does not keep a flood's size.
-            .pragma("journal_size_limit", (64 * 1024 * 1024).to_string())
+            .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT.to_string())
     }
 }

@@ -16,10 +16,10 @@ use sheaf_store::{
     Accepted, ClaimedJob, Event, EventKey, Intake, JobId, Lease, LeaseOffer, Outbox, OutboxBacklog,
     Result, Settlement, Shipment, Timestamp, validate_intakes, validate_lease,
 };
-use sqlx::SqliteConnection;
+use rusqlite::{Connection, params};
 
 use crate::db::{Db, uuid_text};
-use crate::error::from_sqlx;
+use crate::error::Doing;
 use crate::log::{GET_EVENTS, batch_bytes, dedupe, events_by_key, insert_attempts, insert_events};
 use crate::queue::{complete_on, dead_letter_on, reschedule_on};
 
@@ -46,16 +46,21 @@ impl SqliteOutbox {
 
 /// Accepts `intakes` on the writer connection: each new event with its jobs, and up to
 /// `offer.max_jobs` of the new due jobs leased, in the order of the intakes and their jobs.
-async fn accept_on(
-    connection: &mut SqliteConnection,
-    intakes: &[Intake],
-    offer: LeaseOffer,
-) -> Result<Accepted> {
+fn accept_on(connection: &Connection, intakes: &[Intake], offer: LeaseOffer) -> Result<Accepted> {
     // One clock reading for the whole accept: "due" and the leases agree.
     let now = Timestamp::now();
     let until = now.saturating_add(offer.lease);
     let mut accepted = Accepted::default();
     let mut seen = HashSet::with_capacity(intakes.len());
+    let mut insert_job = connection
+        .prepare_cached(
+            "INSERT INTO jobs (id, tenant_id, event_id, destination_id, attempt_number,
+                               last_attempt_time, next_due_at, claimed_until)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+             WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .doing("accepting jobs")?;
     for intake in intakes {
         let event = &intake.event;
         // A key repeated within the call is a repeat, as one accepted before is.
@@ -63,32 +68,26 @@ async fn accept_on(
             accepted.new.push(false);
             continue;
         }
-        let new = insert_events(connection, std::slice::from_ref(event)).await? == 1;
+        let new = insert_events(connection, std::slice::from_ref(event))? == 1;
         accepted.new.push(new);
         if !new {
             continue;
         }
         for job in &intake.jobs {
             let lease = job.due_at <= now && accepted.leased.len() < offer.max_jobs;
-            let done = sqlx::query(
-                "INSERT INTO jobs (id, tenant_id, event_id, destination_id, attempt_number,
-                                   last_attempt_time, next_due_at, claimed_until)
-                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
-                 WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(uuid_text(job.id.as_uuid()))
-            .bind(job.tenant_id.as_str())
-            .bind(job.event_id.as_str())
-            .bind(uuid_text(job.destination_id.as_uuid()))
-            .bind(i64::from(job.attempt_number))
-            .bind(job.last_attempt_time.map(Timestamp::as_micros))
-            .bind(job.due_at.as_micros())
-            .bind(lease.then(|| until.as_micros()))
-            .execute(&mut *connection)
-            .await
-            .map_err(|e| from_sqlx("accepting jobs", e))?;
-            if lease && done.rows_affected() == 1 {
+            let inserted = insert_job
+                .execute(params![
+                    uuid_text(job.id.as_uuid()),
+                    job.tenant_id.as_str(),
+                    job.event_id.as_str(),
+                    uuid_text(job.destination_id.as_uuid()),
+                    i64::from(job.attempt_number),
+                    job.last_attempt_time.map(Timestamp::as_micros),
+                    job.due_at.as_micros(),
+                    lease.then(|| until.as_micros()),
+                ])
+                .doing("accepting jobs")?;
+            if lease && inserted == 1 {
                 accepted.leased.push(ClaimedJob {
                     job: job.clone(),
                     lease: Lease {
@@ -119,9 +118,7 @@ impl Outbox for SqliteOutbox {
         let intakes = intakes.to_vec();
         self.db
             .writer
-            .run("accepting events", bytes, move |c| {
-                Box::pin(async move { accept_on(c, &intakes, offer).await })
-            })
+            .run("accepting events", bytes, move |c| accept_on(c, &intakes, offer))
             .await
     }
 
@@ -141,14 +138,12 @@ impl Outbox for SqliteOutbox {
         self.db
             .writer
             .run("settling attempts and outcomes", bytes, move |c| {
-                Box::pin(async move {
-                    // The attempts are recorded whatever their jobs' leases: they happened.
-                    insert_attempts(c, &settlement.attempts).await?;
-                    let mut lost = complete_on(c, &settlement.complete).await?;
-                    lost.extend(reschedule_on(c, &settlement.reschedule).await?);
-                    lost.extend(dead_letter_on(c, &settlement.dead_letter).await?);
-                    Ok(lost)
-                })
+                // The attempts are recorded whatever their jobs' leases: they happened.
+                insert_attempts(c, &settlement.attempts)?;
+                let mut lost = complete_on(c, &settlement.complete)?;
+                lost.extend(reschedule_on(c, &settlement.reschedule)?);
+                lost.extend(dead_letter_on(c, &settlement.dead_letter)?);
+                Ok(lost)
             })
             .await
     }

@@ -22,11 +22,10 @@ use sheaf_store::{
     JobQueue, Lease, Page, PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId,
     Timestamp, validate_job, validate_lease,
 };
-use sqlx::SqliteConnection;
-use sqlx::sqlite::SqliteRow;
+use rusqlite::{Connection, params};
 
-use crate::db::{Db, get, get_time, get_u32, get_uuid, uuid_text};
-use crate::error::{decode, from_sqlx};
+use crate::db::{Columns, Db, collect, first, get, get_time, get_u32, get_uuid, uuid_text};
+use crate::error::{Doing, decode, from_sqlx};
 
 /// The job columns a claim returns and a dead letter keeps.
 const JOB_COLUMNS: &str =
@@ -63,7 +62,7 @@ fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
-fn job_from_row(row: &SqliteRow, due_column: &str) -> Result<Job> {
+fn job_from_row(row: &impl Columns, due_column: &str) -> Result<Job> {
     let last: Option<i64> = get(row, "last_attempt_time")?;
     Ok(Job {
         id: JobId::from_uuid(get_uuid(row, "id")?),
@@ -89,56 +88,55 @@ fn distinct_by_lease<T: Clone>(items: &[T], lease_of: impl Fn(&T) -> Lease) -> V
 }
 
 /// Adds `jobs` on the writer connection: ids already queued or dead-lettered are skipped.
-pub(crate) async fn enqueue_on(connection: &mut SqliteConnection, jobs: &[Job]) -> Result<()> {
-    for job in jobs {
-        sqlx::query(&format!(
+pub(crate) fn enqueue_on(connection: &Connection, jobs: &[Job]) -> Result<()> {
+    let doing = "enqueueing jobs";
+    let mut statement = connection
+        .prepare_cached(&format!(
             "INSERT INTO jobs ({JOB_COLUMNS}, next_due_at)
              SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
              WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
              ON CONFLICT (id) DO NOTHING"
         ))
-        .bind(uuid_text(job.id.as_uuid()))
-        .bind(job.tenant_id.as_str())
-        .bind(job.event_id.as_str())
-        .bind(uuid_text(job.destination_id.as_uuid()))
-        .bind(i64::from(job.attempt_number))
-        .bind(job.last_attempt_time.map(Timestamp::as_micros))
-        .bind(job.due_at.as_micros())
-        .execute(&mut *connection)
-        .await
-        .map_err(|e| from_sqlx("enqueueing jobs", e))?;
+        .doing(doing)?;
+    for job in jobs {
+        statement
+            .execute(params![
+                uuid_text(job.id.as_uuid()),
+                job.tenant_id.as_str(),
+                job.event_id.as_str(),
+                uuid_text(job.destination_id.as_uuid()),
+                i64::from(job.attempt_number),
+                job.last_attempt_time.map(Timestamp::as_micros),
+                job.due_at.as_micros(),
+            ])
+            .doing(doing)?;
     }
     Ok(())
 }
 
-/// Runs `sql` (its first two parameters the lease, then `bind_rest`'s) once per distinct item
-/// and returns the ids it changed no row for: the lost leases, in the caller's order.
-async fn guarded<T: Clone>(
-    connection: &mut SqliteConnection,
+/// Runs `sql` once per distinct item through `execute`, which binds the lease (`?1` the job's
+/// id, `?2` its `claimed_until`) and the item's own values, and returns the ids it changed no
+/// row for: the lost leases, in the caller's order.
+fn guarded<T: Clone>(
+    connection: &Connection,
     doing: &str,
     sql: &str,
     items: &[T],
     lease_of: impl Fn(&T) -> Lease,
-    bind_rest: impl for<'q> Fn(
-        sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-        &'q T,
-    ) -> sqlx::query::Query<
-        'q,
-        sqlx::Sqlite,
-        sqlx::sqlite::SqliteArguments<'q>,
-    >,
+    execute: impl Fn(&mut rusqlite::CachedStatement<'_>, String, i64, &T) -> rusqlite::Result<usize>,
 ) -> Result<Vec<JobId>> {
+    let mut statement = connection.prepare_cached(sql).doing(doing)?;
     let mut lost = Vec::new();
     for item in distinct_by_lease(items, &lease_of) {
         let lease = lease_of(&item);
-        let query = sqlx::query(sql)
-            .bind(uuid_text(lease.job_id.as_uuid()))
-            .bind(lease.claimed_until.as_micros());
-        let done = bind_rest(query, &item)
-            .execute(&mut *connection)
-            .await
-            .map_err(|e| from_sqlx(doing, e))?;
-        if done.rows_affected() == 0 {
+        let changed = execute(
+            &mut statement,
+            uuid_text(lease.job_id.as_uuid()),
+            lease.claimed_until.as_micros(),
+            &item,
+        )
+        .doing(doing)?;
+        if changed == 0 {
             lost.push(lease.job_id);
         }
     }
@@ -146,26 +144,19 @@ async fn guarded<T: Clone>(
 }
 
 /// Removes finished jobs on the writer connection; returns the lost leases' ids.
-pub(crate) async fn complete_on(
-    connection: &mut SqliteConnection,
-    leases: &[Lease],
-) -> Result<Vec<JobId>> {
+pub(crate) fn complete_on(connection: &Connection, leases: &[Lease]) -> Result<Vec<JobId>> {
     guarded(
         connection,
         "completing jobs",
         "DELETE FROM jobs WHERE id = ?1 AND claimed_until = ?2",
         leases,
         |l| *l,
-        |q, _| q,
+        |statement, id, until, _| statement.execute(params![id, until]),
     )
-    .await
 }
 
 /// Moves held jobs to a new due time on the writer connection; returns the lost leases' ids.
-pub(crate) async fn reschedule_on(
-    connection: &mut SqliteConnection,
-    jobs: &[Reschedule],
-) -> Result<Vec<JobId>> {
+pub(crate) fn reschedule_on(connection: &Connection, jobs: &[Reschedule]) -> Result<Vec<JobId>> {
     guarded(
         connection,
         "rescheduling jobs",
@@ -174,45 +165,47 @@ pub(crate) async fn reschedule_on(
          WHERE id = ?1 AND claimed_until = ?2",
         jobs,
         |r| r.lease,
-        |q, r| {
-            q.bind(r.due_at.as_micros())
-                .bind(i64::from(r.attempt_number))
-                .bind(r.last_attempt_time.map(Timestamp::as_micros))
+        |statement, id, until, r| {
+            statement.execute(params![
+                id,
+                until,
+                r.due_at.as_micros(),
+                i64::from(r.attempt_number),
+                r.last_attempt_time.map(Timestamp::as_micros),
+            ])
         },
     )
-    .await
 }
 
 /// Moves held jobs to the dead letters on the writer connection; returns the lost leases' ids.
-pub(crate) async fn dead_letter_on(
-    connection: &mut SqliteConnection,
+pub(crate) fn dead_letter_on(
+    connection: &Connection,
     jobs: &[DeadLetterRequest],
 ) -> Result<Vec<JobId>> {
+    let doing = "dead-lettering jobs";
     let now = Timestamp::now().as_micros();
-    let mut lost = Vec::new();
-    for request in distinct_by_lease(jobs, |r| r.lease) {
-        let lease = request.lease;
-        // Moved, not copied: the delete and the insert commit together.
-        sqlx::query(&format!(
+    let mut copy = connection
+        .prepare_cached(&format!(
             "INSERT INTO dead_letters ({JOB_COLUMNS}, due_at, reason, dead_lettered_at)
              SELECT {JOB_COLUMNS}, next_due_at, ?3, ?4 FROM jobs
              WHERE id = ?1 AND claimed_until = ?2
              ON CONFLICT (id) DO NOTHING"
         ))
-        .bind(uuid_text(lease.job_id.as_uuid()))
-        .bind(lease.claimed_until.as_micros())
-        .bind(request.reason.as_str())
-        .bind(now)
-        .execute(&mut *connection)
-        .await
-        .map_err(|e| from_sqlx("dead-lettering jobs", e))?;
-        let deleted = sqlx::query("DELETE FROM jobs WHERE id = ?1 AND claimed_until = ?2")
-            .bind(uuid_text(lease.job_id.as_uuid()))
-            .bind(lease.claimed_until.as_micros())
-            .execute(&mut *connection)
-            .await
-            .map_err(|e| from_sqlx("dead-lettering jobs", e))?;
-        if deleted.rows_affected() == 0 {
+        .doing(doing)?;
+    let mut delete = connection
+        .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND claimed_until = ?2")
+        .doing(doing)?;
+    let mut lost = Vec::new();
+    for request in distinct_by_lease(jobs, |r| r.lease) {
+        let lease = request.lease;
+        let (id, until) = (
+            uuid_text(lease.job_id.as_uuid()),
+            lease.claimed_until.as_micros(),
+        );
+        // Moved, not copied: the delete and the insert commit together.
+        copy.execute(params![id, until, request.reason.as_str(), now])
+            .doing(doing)?;
+        if delete.execute(params![id, until]).doing(doing)? == 0 {
             lost.push(lease.job_id);
         }
     }
@@ -220,22 +213,22 @@ pub(crate) async fn dead_letter_on(
 }
 
 /// Removes these dead letters of `tenant` on the writer connection; returns how many.
-pub(crate) async fn remove_dead_letters_on(
-    connection: &mut SqliteConnection,
+pub(crate) fn remove_dead_letters_on(
+    connection: &Connection,
     tenant: &TenantId,
     ids: &[JobId],
 ) -> Result<u64> {
+    let doing = "removing dead letters";
+    let mut statement = connection
+        .prepare_cached("DELETE FROM dead_letters WHERE tenant_id = ?1 AND id = ?2")
+        .doing(doing)?;
     let mut removed = 0;
     for id in ids.iter().collect::<HashSet<_>>() {
-        removed += sqlx::query("DELETE FROM dead_letters WHERE tenant_id = ?1 AND id = ?2")
-            .bind(tenant.as_str())
-            .bind(uuid_text(id.as_uuid()))
-            .execute(&mut *connection)
-            .await
-            .map_err(|e| from_sqlx("removing dead letters", e))?
-            .rows_affected();
+        removed += statement
+            .execute(params![tenant.as_str(), uuid_text(id.as_uuid())])
+            .doing(doing)?;
     }
-    Ok(removed)
+    Ok(removed as u64)
 }
 
 impl SqliteJobQueue {
@@ -259,7 +252,7 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("enqueueing jobs", 160 * jobs.len(), move |c| {
-                Box::pin(async move { enqueue_on(c, &jobs).await })
+                enqueue_on(c, &jobs)
             })
             .await
     }
@@ -274,31 +267,24 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("claiming jobs", 64, move |c| {
-                Box::pin(async move {
-                    // The clock is read when the writer runs the claim, not when it was asked.
-                    let now = Timestamp::now().as_micros();
-                    let rows = sqlx::query(CLAIM)
-                        .bind(now)
-                        .bind(now.saturating_add(lease))
-                        .bind(max)
-                        .fetch_all(&mut *c)
-                        .await
-                        .map_err(|e| from_sqlx("claiming jobs", e))?;
-                    let mut claimed = rows
-                        .iter()
-                        .map(|row| {
-                            let job = job_from_row(row, "next_due_at")?;
-                            let lease = Lease {
-                                job_id: job.id,
-                                claimed_until: get_time(row, "claimed_until")?,
-                            };
-                            Ok(ClaimedJob { job, lease })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    // RETURNING keeps no order: hand them out in (due_at, id) order.
-                    claimed.sort_by_key(|c| (c.job.due_at, c.job.id));
-                    Ok(claimed)
-                })
+                let doing = "claiming jobs";
+                // The clock is read when the writer runs the claim, not when it was asked.
+                let now = Timestamp::now().as_micros();
+                let mut statement = c.prepare_cached(CLAIM).doing(doing)?;
+                let rows = statement
+                    .query(params![now, now.saturating_add(lease), max])
+                    .doing(doing)?;
+                let mut claimed = collect(rows, doing, |row| {
+                    let job = job_from_row(row, "next_due_at")?;
+                    let lease = Lease {
+                        job_id: job.id,
+                        claimed_until: get_time(row, "claimed_until")?,
+                    };
+                    Ok(ClaimedJob { job, lease })
+                })?;
+                // RETURNING keeps no order: hand them out in (due_at, id) order.
+                claimed.sort_by_key(|c| (c.job.due_at, c.job.id));
+                Ok(claimed)
             })
             .await
     }
@@ -313,31 +299,33 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("renewing leases", 64 * leases.len(), move |c| {
-                Box::pin(async move {
-                    let until = Timestamp::now().as_micros().saturating_add(lease);
-                    let mut renewed = Renewed::default();
-                    for old in &leases {
-                        let row = sqlx::query(
-                            "UPDATE jobs SET claimed_until = max(?3, claimed_until + 1)
-                             WHERE id = ?1 AND claimed_until = ?2
-                             RETURNING claimed_until",
-                        )
-                        .bind(uuid_text(old.job_id.as_uuid()))
-                        .bind(old.claimed_until.as_micros())
-                        .bind(until)
-                        .fetch_optional(&mut *c)
-                        .await
-                        .map_err(|e| from_sqlx("renewing leases", e))?;
-                        match row {
-                            Some(row) => renewed.leases.push(Lease {
-                                job_id: old.job_id,
-                                claimed_until: get_time(&row, "claimed_until")?,
-                            }),
-                            None => renewed.lost.push(old.job_id),
-                        }
+                let doing = "renewing leases";
+                let until = Timestamp::now().as_micros().saturating_add(lease);
+                let mut statement = c
+                    .prepare_cached(
+                        "UPDATE jobs SET claimed_until = max(?3, claimed_until + 1)
+                         WHERE id = ?1 AND claimed_until = ?2
+                         RETURNING claimed_until",
+                    )
+                    .doing(doing)?;
+                let mut renewed = Renewed::default();
+                for old in &leases {
+                    let rows = statement
+                        .query(params![
+                            uuid_text(old.job_id.as_uuid()),
+                            old.claimed_until.as_micros(),
+                            until,
+                        ])
+                        .doing(doing)?;
+                    match first(rows, doing, |row| get_time(row, "claimed_until"))? {
+                        Some(claimed_until) => renewed.leases.push(Lease {
+                            job_id: old.job_id,
+                            claimed_until,
+                        }),
+                        None => renewed.lost.push(old.job_id),
                     }
-                    Ok(renewed)
-                })
+                }
+                Ok(renewed)
             })
             .await
     }
@@ -347,7 +335,7 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("completing jobs", 48 * leases.len(), move |c| {
-                Box::pin(async move { complete_on(c, &leases).await })
+                complete_on(c, &leases)
             })
             .await
     }
@@ -357,7 +345,7 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("rescheduling jobs", 80 * jobs.len(), move |c| {
-                Box::pin(async move { reschedule_on(c, &jobs).await })
+                reschedule_on(c, &jobs)
             })
             .await
     }
@@ -367,7 +355,7 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("dead-lettering jobs", 256 * jobs.len(), move |c| {
-                Box::pin(async move { dead_letter_on(c, &jobs).await })
+                dead_letter_on(c, &jobs)
             })
             .await
     }
@@ -377,17 +365,14 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("releasing jobs", 48 * leases.len(), move |c| {
-                Box::pin(async move {
-                    guarded(
-                        c,
-                        "releasing jobs",
-                        "UPDATE jobs SET claimed_until = NULL WHERE id = ?1 AND claimed_until = ?2",
-                        &leases,
-                        |l| *l,
-                        |q, _| q,
-                    )
-                    .await
-                })
+                guarded(
+                    c,
+                    "releasing jobs",
+                    "UPDATE jobs SET claimed_until = NULL WHERE id = ?1 AND claimed_until = ?2",
+                    &leases,
+                    |l| *l,
+                    |statement, id, until, _| statement.execute(params![id, until]),
+                )
             })
             .await
     }
@@ -464,7 +449,7 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("removing dead letters", 48 * ids.len(), move |c| {
-                Box::pin(async move { remove_dead_letters_on(c, &tenant, &ids).await })
+                remove_dead_letters_on(c, &tenant, &ids)
             })
             .await
     }
@@ -474,19 +459,16 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("purging a tenant's jobs", 64, move |c| {
-                Box::pin(async move {
-                    let mut removed = 0;
-                    for table in ["jobs", "dead_letters"] {
-                        removed +=
-                            sqlx::query(&format!("DELETE FROM {table} WHERE tenant_id = ?1"))
-                                .bind(tenant.as_str())
-                                .execute(&mut *c)
-                                .await
-                                .map_err(|e| from_sqlx("purging a tenant's jobs", e))?
-                                .rows_affected();
-                    }
-                    Ok(removed)
-                })
+                let mut removed = 0;
+                for table in ["jobs", "dead_letters"] {
+                    removed += c
+                        .execute(
+                            &format!("DELETE FROM {table} WHERE tenant_id = ?1"),
+                            [tenant.as_str()],
+                        )
+                        .doing("purging a tenant's jobs")?;
+                }
+                Ok(removed as u64)
             })
             .await
     }
@@ -496,35 +478,28 @@ impl JobQueue for SqliteJobQueue {
         self.db
             .writer
             .run("recording a heartbeat", 64, move |c| {
-                Box::pin(async move {
-                    let now = Timestamp::now().as_micros();
-                    let id = uuid_text(process);
-                    let fail = |e| from_sqlx("recording a heartbeat", e);
-                    sqlx::query(
-                        "INSERT INTO processes (id, seen_at) VALUES (?1, ?2)
-                         ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+                let doing = "recording a heartbeat";
+                let now = Timestamp::now().as_micros();
+                let id = uuid_text(process);
+                c.execute(
+                    "INSERT INTO processes (id, seen_at) VALUES (?1, ?2)
+                     ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+                    params![id, now],
+                )
+                .doing(doing)?;
+                // Processes that stopped beating are forgotten, so the table stays as small as
+                // the number of live processes.
+                let since = now.saturating_sub(ttl);
+                c.execute("DELETE FROM processes WHERE seen_at < ?1", [since])
+                    .doing(doing)?;
+                let others: i64 = c
+                    .query_row(
+                        "SELECT count(*) FROM processes WHERE id <> ?1",
+                        [&id],
+                        |row| row.get(0),
                     )
-                    .bind(&id)
-                    .bind(now)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(fail)?;
-                    // Processes that stopped beating are forgotten, so the table stays as
-                    // small as the number of live processes.
-                    let since = now.saturating_sub(ttl);
-                    sqlx::query("DELETE FROM processes WHERE seen_at < ?1")
-                        .bind(since)
-                        .execute(&mut *c)
-                        .await
-                        .map_err(fail)?;
-                    let others: i64 =
-                        sqlx::query_scalar("SELECT count(*) FROM processes WHERE id <> ?1")
-                            .bind(&id)
-                            .fetch_one(&mut *c)
-                            .await
-                            .map_err(fail)?;
-                    Ok(u32::try_from(others).unwrap_or(u32::MAX).saturating_add(1))
-                })
+                    .doing(doing)?;
+                Ok(u32::try_from(others).unwrap_or(u32::MAX).saturating_add(1))
             })
             .await
     }

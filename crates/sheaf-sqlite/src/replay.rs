@@ -11,12 +11,11 @@ use sheaf_store::{
     ReplayStep, ReplayStore, Result, TenantId, Timestamp, validate_job, validate_lease,
     validate_replay_step,
 };
-use sqlx::SqliteConnection;
-use sqlx::sqlite::SqliteRow;
+use rusqlite::{Connection, params};
 use uuid::Uuid;
 
-use crate::db::{Db, get, get_time, get_uuid, uuid_text};
-use crate::error::{decode, from_sqlx};
+use crate::db::{Columns, Db, collect, first, get, get_time, get_uuid, uuid_text};
+use crate::error::{Doing, decode, from_sqlx};
 use crate::queue::{enqueue_on, remove_dead_letters_on};
 
 const COLUMNS: &str = "id, tenant_id, request, state, pages, jobs, dead_letters_removed, \
@@ -51,19 +50,19 @@ fn int(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-fn count(row: &SqliteRow, name: &str) -> Result<u64> {
+fn count(row: &impl Columns, name: &str) -> Result<u64> {
     let value: i64 = get(row, name)?;
     u64::try_from(value).map_err(|_| decode(&format!("reading column {name}"), value))
 }
 
-fn opt_time(row: &SqliteRow, name: &str) -> Result<Option<Timestamp>> {
+fn opt_time(row: &impl Columns, name: &str) -> Result<Option<Timestamp>> {
     let micros: Option<i64> = get(row, name)?;
     micros
         .map(|m| Timestamp::from_micros(m).map_err(|e| decode(&format!("reading {name}"), e)))
         .transpose()
 }
 
-fn replay_from_row(row: &SqliteRow) -> Result<Replay> {
+fn replay_from_row(row: &impl Columns) -> Result<Replay> {
     let request: String = get(row, "request")?;
     let state: String = get(row, "state")?;
     let position: Option<String> = get(row, "position")?;
@@ -114,8 +113,8 @@ fn lease_of(replay: &Replay) -> Result<ReplayLease> {
 /// `save_replay` on the writer connection. The lease guard is the WHERE clause: running, same
 /// owner, same lease end. A renewal ends later than every lease before it on the row, even if
 /// the clock went back, and `updated_at` never goes back.
-async fn save_on(
-    connection: &mut SqliteConnection,
+fn save_on(
+    connection: &Connection,
     lease: &ReplayLease,
     progress: &ReplayProgress,
     step: &ReplayStep,
@@ -127,8 +126,10 @@ async fn save_on(
         ReplayStep::Fail { error } => ("failed", 0, Some(error.as_str())),
     };
     let now = Timestamp::now().as_micros();
-    let row = sqlx::query(
-        "UPDATE replays
+    let doing = format!("saving replay {}", lease.replay_id);
+    let mut statement = connection
+        .prepare_cached(
+            "UPDATE replays
          SET pages = ?4, jobs = ?5, dead_letters_removed = ?6, skipped = ?7, limited = ?8,
              log_store_queries = ?9, queue_queries = ?10, position = ?14,
              updated_at = max(?15, updated_at),
@@ -141,29 +142,31 @@ async fn save_on(
                                 THEN max(?15 + ?12, lease_until + 1) END
          WHERE id = ?1 AND state = 'running' AND owner = ?2 AND lease_until = ?3
          RETURNING lease_until",
-    )
-    .bind(uuid_text(lease.replay_id))
-    .bind(uuid_text(lease.owner))
-    .bind(lease.lease_until.as_micros())
-    .bind(int(progress.pages))
-    .bind(int(progress.jobs))
-    .bind(int(progress.dead_letters_removed))
-    .bind(int(progress.skipped))
-    .bind(progress.limited)
-    .bind(int(progress.log_store_queries))
-    .bind(int(progress.queue_queries))
-    .bind(then)
-    .bind(renew)
-    .bind(error)
-    .bind(progress.position.as_ref().map(Cursor::encode))
-    .bind(now)
-    .fetch_optional(&mut *connection)
-    .await
-    .map_err(|e| from_sqlx(&format!("saving replay {}", lease.replay_id), e))?;
-    let Some(row) = row else {
+        )
+        .doing(&doing)?;
+    let rows = statement
+        .query(params![
+            uuid_text(lease.replay_id),
+            uuid_text(lease.owner),
+            lease.lease_until.as_micros(),
+            int(progress.pages),
+            int(progress.jobs),
+            int(progress.dead_letters_removed),
+            int(progress.skipped),
+            progress.limited,
+            int(progress.log_store_queries),
+            int(progress.queue_queries),
+            then,
+            renew,
+            error,
+            progress.position.as_ref().map(Cursor::encode),
+            now,
+        ])
+        .doing(&doing)?;
+    let Some(lease_until) = first(rows, &doing, |row| opt_time(row, "lease_until"))? else {
         return Ok(ReplaySaved::Lost);
     };
-    Ok(match opt_time(&row, "lease_until")? {
+    Ok(match lease_until {
         Some(lease_until) if then == "continue" => ReplaySaved::Renewed(ReplayLease {
             lease_until,
             ..*lease
@@ -187,28 +190,31 @@ impl ReplayStore for SqliteReplayStore {
         self.db
             .writer
             .run("creating a replay", 256 + request.len(), move |c| {
-                Box::pin(async move {
-                    let now = Timestamp::now().as_micros();
-                    // A taken id fails the primary key: Conflict, whichever tenant holds it.
-                    let row = sqlx::query(&format!(
+                let doing = format!("creating replay {id}");
+                let now = Timestamp::now().as_micros();
+                // A taken id fails the primary key: Conflict, whichever tenant holds it.
+                let mut statement = c
+                    .prepare_cached(&format!(
                         "INSERT INTO replays (id, tenant_id, request, state, started_at,
                                               updated_at, owner, lease_until)
                          VALUES (?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6)
                          RETURNING {COLUMNS}"
                     ))
-                    .bind(uuid_text(id))
-                    .bind(tenant.as_str())
-                    .bind(request)
-                    .bind(now)
-                    .bind(uuid_text(owner))
-                    .bind(now.saturating_add(lease))
-                    .fetch_one(&mut *c)
-                    .await
-                    .map_err(|e| from_sqlx(&format!("creating replay {id}"), e))?;
-                    let stored = replay_from_row(&row)?;
-                    let lease = lease_of(&stored)?;
-                    Ok((stored, lease))
-                })
+                    .doing(&doing)?;
+                let rows = statement
+                    .query(params![
+                        uuid_text(id),
+                        tenant.as_str(),
+                        request,
+                        now,
+                        uuid_text(owner),
+                        now.saturating_add(lease),
+                    ])
+                    .doing(&doing)?;
+                let stored = first(rows, &doing, |row| replay_from_row(row))?
+                    .ok_or_else(|| decode(&doing, "the insert returned no row"))?;
+                let lease = lease_of(&stored)?;
+                Ok((stored, lease))
             })
             .await
     }
@@ -238,7 +244,7 @@ impl ReplayStore for SqliteReplayStore {
         self.db
             .writer
             .run("saving a replay", 256, move |c| {
-                Box::pin(async move { save_on(c, &lease, &progress, &step).await })
+                save_on(c, &lease, &progress, &step)
             })
             .await
     }
@@ -263,37 +269,38 @@ impl ReplayStore for SqliteReplayStore {
         self.db
             .writer
             .run("saving a replay's page", bytes, move |c| {
-                Box::pin(async move {
-                    let doing = format!("saving a page of replay {}", lease.replay_id);
-                    // The lease is checked first, so nothing of the page is written under a
-                    // lease that is lost. The writer runs one operation at a time, so no
-                    // takeover can come between this check and the save.
-                    let tenant: Option<String> = sqlx::query_scalar(
+                let doing = format!("saving a page of replay {}", lease.replay_id);
+                // The lease is checked first, so nothing of the page is written under a lease
+                // that is lost. The writer runs one operation at a time, so no takeover can
+                // come between this check and the save.
+                let mut statement = c
+                    .prepare_cached(
                         "SELECT tenant_id FROM replays
                          WHERE id = ?1 AND state = 'running' AND owner = ?2 AND lease_until = ?3",
                     )
-                    .bind(uuid_text(lease.replay_id))
-                    .bind(uuid_text(lease.owner))
-                    .bind(lease.lease_until.as_micros())
-                    .fetch_optional(&mut *c)
-                    .await
-                    .map_err(|e| from_sqlx(&doing, e))?;
-                    let Some(tenant) = tenant else {
-                        return Ok((ReplaySaved::Lost, 0));
-                    };
-                    let tenant = TenantId::new(tenant)?;
-                    // Enqueue first, as a caller without this method would: a job whose id is
-                    // one of the dead letters removed below is still skipped.
-                    enqueue_on(c, &page.jobs).await?;
-                    let removed =
-                        remove_dead_letters_on(c, &tenant, &page.remove_dead_letters).await?;
-                    let progress = ReplayProgress {
-                        dead_letters_removed: progress.dead_letters_removed.saturating_add(removed),
-                        ..progress
-                    };
-                    let saved = save_on(c, &lease, &progress, &step).await?;
-                    Ok((saved, removed))
-                })
+                    .doing(&doing)?;
+                let rows = statement
+                    .query(params![
+                        uuid_text(lease.replay_id),
+                        uuid_text(lease.owner),
+                        lease.lease_until.as_micros(),
+                    ])
+                    .doing(&doing)?;
+                let Some(tenant) = first(rows, &doing, |row| get::<String>(row, "tenant_id"))?
+                else {
+                    return Ok((ReplaySaved::Lost, 0));
+                };
+                let tenant = TenantId::new(tenant)?;
+                // Enqueue first, as a caller without this method would: a job whose id is one
+                // of the dead letters removed below is still skipped.
+                enqueue_on(c, &page.jobs)?;
+                let removed = remove_dead_letters_on(c, &tenant, &page.remove_dead_letters)?;
+                let progress = ReplayProgress {
+                    dead_letters_removed: progress.dead_letters_removed.saturating_add(removed),
+                    ..progress
+                };
+                let saved = save_on(c, &lease, &progress, &step)?;
+                Ok((saved, removed))
             })
             .await
     }
@@ -312,10 +319,11 @@ impl ReplayStore for SqliteReplayStore {
         self.db
             .writer
             .run("taking over replays", 64, move |c| {
-                Box::pin(async move {
-                    let now = Timestamp::now().as_micros();
-                    let until = now.saturating_add(lease);
-                    let rows = sqlx::query(&format!(
+                let doing = "taking over replays";
+                let now = Timestamp::now().as_micros();
+                let until = now.saturating_add(lease);
+                let mut statement = c
+                    .prepare_cached(&format!(
                         "UPDATE replays
                          SET owner = ?1, lease_until = max(?3, coalesce(lease_until + 1, ?3)),
                              takeovers = takeovers + 1, updated_at = max(?2, updated_at)
@@ -326,25 +334,18 @@ impl ReplayStore for SqliteReplayStore {
                                       LIMIT ?4)
                          RETURNING {COLUMNS}"
                     ))
-                    .bind(uuid_text(owner))
-                    .bind(now)
-                    .bind(until)
-                    .bind(max)
-                    .fetch_all(&mut *c)
-                    .await
-                    .map_err(|e| from_sqlx("taking over replays", e))?;
-                    // RETURNING keeps no order.
-                    let mut taken = rows
-                        .iter()
-                        .map(|row| {
-                            let replay = replay_from_row(row)?;
-                            let lease = lease_of(&replay)?;
-                            Ok((replay, lease))
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    taken.sort_by_key(|(r, _)| (r.started_at, r.id));
-                    Ok(taken)
-                })
+                    .doing(doing)?;
+                let rows = statement
+                    .query(params![uuid_text(owner), now, until, max])
+                    .doing(doing)?;
+                let mut taken = collect(rows, doing, |row| {
+                    let replay = replay_from_row(row)?;
+                    let lease = lease_of(&replay)?;
+                    Ok((replay, lease))
+                })?;
+                // RETURNING keeps no order.
+                taken.sort_by_key(|(r, _)| (r.started_at, r.id));
+                Ok(taken)
             })
             .await
     }
@@ -357,21 +358,17 @@ impl ReplayStore for SqliteReplayStore {
         self.db
             .writer
             .run("deleting finished replays", 64, move |c| {
-                Box::pin(async move {
-                    let done = sqlx::query(
+                let deleted = c
+                    .execute(
                         "DELETE FROM replays
                          WHERE id IN (SELECT id FROM replays
                                       WHERE finished_at IS NOT NULL AND finished_at < ?1
                                       ORDER BY finished_at
                                       LIMIT ?2)",
+                        params![before.as_micros(), max],
                     )
-                    .bind(before.as_micros())
-                    .bind(max)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(|e| from_sqlx("deleting finished replays", e))?;
-                    Ok(done.rows_affected())
-                })
+                    .doing("deleting finished replays")?;
+                Ok(deleted as u64)
             })
             .await
     }

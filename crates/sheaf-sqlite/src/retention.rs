@@ -11,11 +11,14 @@
 
 use std::time::Duration;
 
+use rusqlite::{Connection, params};
 use sheaf_store::{Result, Timestamp};
-use sqlx::SqliteConnection;
 
-use crate::db::Db;
-use crate::error::from_sqlx;
+use crate::db::{Db, collect, get};
+use crate::error::{Doing, decode};
+
+/// What retention's errors say it was doing.
+const RETAINING: &str = "enforcing the log's retention";
 
 /// How long and how much of the log the store keeps, as the other backends' settings say.
 ///
@@ -69,7 +72,7 @@ pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
         let deleted = db
             .writer
             .run("enforcing the log's retention", 64, move |c| {
-                Box::pin(async move { one_batch(c, retention, pressure).await })
+                one_batch(c, retention, pressure)
             })
             .await?;
         if deleted == 0 {
@@ -81,13 +84,11 @@ pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
     let vacuumed = db
         .writer
         .run("reusing the log's free space", 64, move |c| {
-            Box::pin(async move {
-                let vacuumed = vacuum(c).await?;
-                if let Some(space) = space {
-                    space.measure(c, true).await?;
-                }
-                Ok(vacuumed)
-            })
+            let vacuumed = vacuum(c)?;
+            if let Some(space) = space {
+                space.measure(c, true)?;
+            }
+            Ok(vacuumed)
         })
         .await?;
     Ok(did || vacuumed)
@@ -99,174 +100,162 @@ pub(crate) async fn enforce(db: &Db, retention: LogRetention) -> Result<bool> {
 /// as many of the oldest unheld events and attempts go as there are pages to free, whatever the
 /// counts say: most rows take a page or less, so this rarely frees much more than asked, and
 /// the next batch, measured anew, frees the rest.
-async fn one_batch(
-    connection: &mut SqliteConnection,
-    retention: LogRetention,
-    pressure: i64,
-) -> Result<u64> {
+fn one_batch(connection: &Connection, retention: LogRetention, pressure: i64) -> Result<u64> {
     let at_least = pressure.min(BATCH);
     let cutoff = retention
         .max_age
         .map(|age| Timestamp::now().saturating_sub(age).as_micros());
     let mut deleted = 0;
     // The bounds count what no job holds; the queue is small, so the held are counted from it.
-    let over = count(connection, "events").await?
-        - count_held(connection, "events").await?
+    let over = count(connection, "events")? - count_held(connection, "events")?
         - bound(retention.max_events);
     let over = over.max(at_least);
     if over > 0 {
-        deleted += delete_events(connection, "1", None, over.min(BATCH)).await?;
+        deleted += delete_events(connection, "1", None, over.min(BATCH))?;
     }
     if let Some(cutoff) = cutoff {
-        deleted += delete_events(connection, "e.event_time < ?1", Some(cutoff), BATCH).await?;
+        deleted += delete_events(connection, "e.event_time < ?1", Some(cutoff), BATCH)?;
     }
-    let over = count(connection, "attempts").await?
-        - count_held(connection, "attempts").await?
+    let over = count(connection, "attempts")? - count_held(connection, "attempts")?
         - bound(retention.max_attempts);
     let over = over.max(at_least);
     if over > 0 {
-        deleted += delete_attempts(connection, "1", None, over.min(BATCH)).await?;
+        deleted += delete_attempts(connection, "1", None, over.min(BATCH))?;
     }
     if let Some(cutoff) = cutoff {
-        deleted += delete_attempts(connection, "a.attempt_time < ?1", Some(cutoff), BATCH).await?;
+        deleted += delete_attempts(connection, "a.attempt_time < ?1", Some(cutoff), BATCH)?;
     }
     if (deleted as i64) < at_least {
         // Only what deliveries wait for is left to free: the failed attempts a later attempt
         // of the same delivery supersedes (a retry needs only the latest).
-        deleted += delete_superseded_attempts(connection, at_least - deleted as i64).await?;
+        deleted += delete_superseded_attempts(connection, at_least - deleted as i64)?;
     }
     Ok(deleted)
 }
 
 /// Deletes up to `limit` of the oldest attempts of held events that a later attempt to the same
 /// destination supersedes.
-async fn delete_superseded_attempts(connection: &mut SqliteConnection, limit: i64) -> Result<u64> {
-    let done = sqlx::query(
-        "DELETE FROM attempts WHERE rowid IN (
-             SELECT a.rowid FROM attempts AS a
-             WHERE EXISTS (SELECT 1 FROM jobs AS j
-                           WHERE j.tenant_id = a.tenant_id AND j.event_id = a.event_id)
-               AND EXISTS (SELECT 1 FROM attempts AS later
-                           WHERE later.tenant_id = a.tenant_id
-                             AND later.event_id = a.event_id
-                             AND later.destination_id = a.destination_id
-                             AND later.attempt_time > a.attempt_time)
-             ORDER BY a.attempt_time
-             LIMIT ?1)",
-    )
-    .bind(limit)
-    .execute(&mut *connection)
-    .await
-    .map_err(|e| from_sqlx("freeing space near the size limit", e))?;
-    Ok(done.rows_affected())
+fn delete_superseded_attempts(connection: &Connection, limit: i64) -> Result<u64> {
+    let deleted = connection
+        .prepare_cached(
+            "DELETE FROM attempts WHERE rowid IN (
+                 SELECT a.rowid FROM attempts AS a
+                 WHERE EXISTS (SELECT 1 FROM jobs AS j
+                               WHERE j.tenant_id = a.tenant_id AND j.event_id = a.event_id)
+                   AND EXISTS (SELECT 1 FROM attempts AS later
+                               WHERE later.tenant_id = a.tenant_id
+                                 AND later.event_id = a.event_id
+                                 AND later.destination_id = a.destination_id
+                                 AND later.attempt_time > a.attempt_time)
+                 ORDER BY a.attempt_time
+                 LIMIT ?1)",
+        )
+        .and_then(|mut statement| statement.execute([limit]))
+        .doing("freeing space near the size limit")?;
+    Ok(deleted as u64)
 }
 
 fn bound(max: usize) -> i64 {
     i64::try_from(max).unwrap_or(i64::MAX)
 }
 
-async fn count(connection: &mut SqliteConnection, table: &str) -> Result<i64> {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(&mut *connection)
-        .await
-        .map_err(|e| from_sqlx("enforcing the log's retention", e))
+/// One integer `sql` answers, as retention's error.
+fn scalar(connection: &Connection, sql: &str) -> Result<i64> {
+    connection
+        .prepare_cached(sql)
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+        .doing(RETAINING)
+}
+
+fn count(connection: &Connection, table: &str) -> Result<i64> {
+    scalar(connection, &format!("SELECT count(*) FROM {table}"))
 }
 
 /// Rows of `table` (events or attempts) whose event a job is queued for.
-async fn count_held(connection: &mut SqliteConnection, table: &str) -> Result<i64> {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM (SELECT DISTINCT tenant_id, event_id FROM jobs) AS j
-         JOIN {table} AS r ON r.tenant_id = j.tenant_id AND r.event_id = j.event_id"
-    ))
-    .fetch_one(&mut *connection)
-    .await
-    .map_err(|e| from_sqlx("enforcing the log's retention", e))
+fn count_held(connection: &Connection, table: &str) -> Result<i64> {
+    scalar(
+        connection,
+        &format!(
+            "SELECT count(*) FROM (SELECT DISTINCT tenant_id, event_id FROM jobs) AS j
+             JOIN {table} AS r ON r.tenant_id = j.tenant_id AND r.event_id = j.event_id"
+        ),
+    )
 }
 
 /// Deletes up to `limit` of the oldest unheld events matching `filter` (`?1` is `cutoff`), and
 /// their attempts: what goes when the event goes.
-async fn delete_events(
-    connection: &mut SqliteConnection,
+fn delete_events(
+    connection: &Connection,
     filter: &str,
     cutoff: Option<i64>,
     limit: i64,
 ) -> Result<u64> {
-    let fail = |e| from_sqlx("enforcing the log's retention", e);
-    let gone: Vec<(String, String)> = sqlx::query_as(&format!(
-        "DELETE FROM events WHERE rowid IN (
-             SELECT e.rowid FROM events AS e
-             WHERE {filter} AND {UNHELD_EVENT}
-             ORDER BY e.event_time
-             LIMIT ?2)
-         RETURNING tenant_id, event_id"
-    ))
-    .bind(cutoff)
-    .bind(limit)
-    .fetch_all(&mut *connection)
-    .await
-    .map_err(fail)?;
+    let mut statement = connection
+        .prepare_cached(&format!(
+            "DELETE FROM events WHERE rowid IN (
+                 SELECT e.rowid FROM events AS e
+                 WHERE {filter} AND {UNHELD_EVENT}
+                 ORDER BY e.event_time
+                 LIMIT ?2)
+             RETURNING tenant_id, event_id"
+        ))
+        .doing(RETAINING)?;
+    let rows = statement.query(params![cutoff, limit]).doing(RETAINING)?;
+    let gone: Vec<(String, String)> = collect(rows, RETAINING, |row| {
+        Ok((get(row, "tenant_id")?, get(row, "event_id")?))
+    })?;
     if gone.is_empty() {
         return Ok(0);
     }
-    // Their attempts in one statement: every statement is a round trip to the driver's thread,
-    // and one per event made retention a large share of the writer's time under a flood.
-    let keys = serde_json::to_string(&gone)
-        .map_err(|e| crate::error::decode("enforcing the log's retention", e))?;
-    let attempts = sqlx::query(
-        "DELETE FROM attempts WHERE (tenant_id, event_id) IN (
-             SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
-    )
-    .bind(keys)
-    .execute(&mut *connection)
-    .await
-    .map_err(fail)?
-    .rows_affected();
-    Ok(gone.len() as u64 + attempts)
+    // Their attempts in one statement, keyed by a JSON array of the events.
+    let keys = serde_json::to_string(&gone).map_err(|e| decode(RETAINING, e))?;
+    let attempts = connection
+        .prepare_cached(
+            "DELETE FROM attempts WHERE (tenant_id, event_id) IN (
+                 SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
+        )
+        .and_then(|mut statement| statement.execute([keys]))
+        .doing(RETAINING)?;
+    Ok((gone.len() + attempts) as u64)
 }
 
 /// Deletes up to `limit` of the oldest attempts of unheld events matching `filter` (`?1` is
 /// `cutoff`).
-async fn delete_attempts(
-    connection: &mut SqliteConnection,
+fn delete_attempts(
+    connection: &Connection,
     filter: &str,
     cutoff: Option<i64>,
     limit: i64,
 ) -> Result<u64> {
-    let done = sqlx::query(&format!(
-        "DELETE FROM attempts WHERE rowid IN (
-             SELECT a.rowid FROM attempts AS a
-             WHERE {filter}
-               AND NOT EXISTS (SELECT 1 FROM jobs AS j
-                               WHERE j.tenant_id = a.tenant_id AND j.event_id = a.event_id)
-             ORDER BY a.attempt_time
-             LIMIT ?2)"
-    ))
-    .bind(cutoff)
-    .bind(limit)
-    .execute(&mut *connection)
-    .await
-    .map_err(|e| from_sqlx("enforcing the log's retention", e))?;
-    Ok(done.rows_affected())
+    let deleted = connection
+        .prepare_cached(&format!(
+            "DELETE FROM attempts WHERE rowid IN (
+                 SELECT a.rowid FROM attempts AS a
+                 WHERE {filter}
+                   AND NOT EXISTS (SELECT 1 FROM jobs AS j
+                                   WHERE j.tenant_id = a.tenant_id AND j.event_id = a.event_id)
+                 ORDER BY a.attempt_time
+                 LIMIT ?2)"
+        ))
+        .and_then(|mut statement| statement.execute(params![cutoff, limit]))
+        .doing(RETAINING)?;
+    Ok(deleted as u64)
 }
 
 /// Hands free pages back to the file system once they are over a quarter of the file; returns
 /// whether it did.
-async fn vacuum(connection: &mut SqliteConnection) -> Result<bool> {
-    let fail = |e| from_sqlx("reusing the log's free space", e);
-    let free: i64 = sqlx::query_scalar("PRAGMA freelist_count")
-        .fetch_one(&mut *connection)
-        .await
-        .map_err(fail)?;
-    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
-        .fetch_one(&mut *connection)
-        .await
-        .map_err(fail)?;
+fn vacuum(connection: &Connection) -> Result<bool> {
+    let doing = "reusing the log's free space";
+    let free = scalar(connection, "PRAGMA freelist_count")?;
+    let pages = scalar(connection, "PRAGMA page_count")?;
     if free * 4 <= pages {
         return Ok(false);
     }
-    sqlx::query(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))
-        .execute(&mut *connection)
-        .await
-        .map_err(fail)?;
+    // The pragma steps through the pages it frees; the loop drains it.
+    let mut statement = connection
+        .prepare_cached(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))
+        .doing(doing)?;
+    let mut rows = statement.query([]).doing(doing)?;
+    while rows.next().doing(doing)?.is_some() {}
     Ok(true)
 }

@@ -31,10 +31,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use rusqlite::Connection;
 use sheaf_store::{Error, Result};
-use sqlx::SqliteConnection;
 
-use crate::error::from_sqlx;
+use crate::error::Doing;
 
 /// SQLite's default page size, which this crate never changes.
 pub(crate) const PAGE_BYTES: u64 = 4096;
@@ -75,11 +75,7 @@ impl Space {
     /// [`MEASURE_EVERY`] ago and `always` is false. Retention's passes measure always, so the
     /// count is never further behind the queue than one pass (seconds), even when no other
     /// write follows.
-    pub(crate) async fn measure(
-        &self,
-        connection: &mut SqliteConnection,
-        always: bool,
-    ) -> Result<()> {
+    pub(crate) fn measure(&self, connection: &Connection, always: bool) -> Result<()> {
         let count_jobs = {
             let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
             let due = always || counted.is_none_or(|at| at.elapsed() >= MEASURE_EVERY);
@@ -88,20 +84,20 @@ impl Space {
             }
             due
         };
-        let fail = |e| from_sqlx("measuring the database's size", e);
-        let used: i64 = sqlx::query_scalar(
-            "SELECT (SELECT page_count FROM pragma_page_count())
-                  - (SELECT freelist_count FROM pragma_freelist_count())",
-        )
-        .fetch_one(&mut *connection)
-        .await
-        .map_err(fail)?;
+        let doing = "measuring the database's size";
+        let used: i64 = connection
+            .prepare_cached(
+                "SELECT (SELECT page_count FROM pragma_page_count())
+                      - (SELECT freelist_count FROM pragma_freelist_count())",
+            )
+            .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+            .doing(doing)?;
         self.used_pages.store(used, Ordering::Relaxed);
         if count_jobs {
-            let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
-                .fetch_one(&mut *connection)
-                .await
-                .map_err(fail)?;
+            let jobs: i64 = connection
+                .prepare_cached("SELECT count(*) FROM jobs")
+                .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+                .doing(doing)?;
             self.jobs.store(jobs, Ordering::Relaxed);
         }
         Ok(())

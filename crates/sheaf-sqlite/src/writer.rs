@@ -14,22 +14,17 @@
 //! file) fails every operation in it, with that error. An operation's answer is handed back only
 //! after its flush committed: nothing is reported written that a crash could take back.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use rusqlite::Connection;
 use sheaf_coalesce::{
     BatchWriter, CoalesceMetrics, MetricsSnapshot, WriteCoalescer, WriteConfig, WriteError,
 };
 use sheaf_store::{Error, Result};
-use sqlx::SqliteConnection;
-use std::future::Future;
-use std::pin::Pin;
-use tokio::sync::{Mutex, oneshot};
+use tokio::sync::oneshot;
 
-use crate::error::from_sqlx;
+use crate::error::Doing;
 use crate::space::Space;
-
-/// A future that borrows the writer connection for `'c`.
-pub(crate) type OpFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
 /// What an operation leaves behind once it ran: its error if it failed (its savepoint is then
 /// rolled back) and how to deliver its answer once the flush's fate is known.
@@ -38,7 +33,7 @@ struct Ran {
     answer: Box<dyn FnOnce() + Send>,
 }
 
-type Run = Box<dyn for<'c> FnOnce(&'c mut SqliteConnection) -> OpFuture<'c, Ran> + Send>;
+type Run = Box<dyn FnOnce(&Connection) -> Ran + Send>;
 
 /// One write operation, queued in the coalescer.
 pub(crate) struct WriteOp {
@@ -46,16 +41,14 @@ pub(crate) struct WriteOp {
     run: Run,
 }
 
-fn boxed_run<F>(run: F) -> Run
-where
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> OpFuture<'c, Ran> + Send + 'static,
-{
-    Box::new(run)
-}
-
 /// The coalescer's sink: the writer connection.
+///
+/// A flush runs start to finish on a thread of Tokio's blocking pool with a synchronous driver,
+/// so each statement is a call into SQLite on that thread. (An asynchronous driver runs each
+/// statement on its own worker thread and answers over a channel: two thread wake-ups per
+/// statement, which cost more than most of these statements do.)
 struct Flusher {
-    connection: Mutex<SqliteConnection>,
+    connection: Arc<Mutex<Connection>>,
     /// Measured after committed flushes (`space.rs` says how often), when the file has a
     /// size cap.
     space: Option<Arc<Space>>,
@@ -70,48 +63,58 @@ impl BatchWriter for Flusher {
     }
 
     async fn write(&self, ops: Vec<WriteOp>) -> Result<()> {
-        let mut connection = self.connection.lock().await;
-        flush(&mut connection, ops).await?;
-        if let Some(space) = &self.space {
-            // The flush committed; a failed measurement leaves the last one standing.
-            if let Err(e) = space.measure(&mut connection, false).await {
-                tracing::debug!(error = %e, "measuring the sqlite database after a flush");
+        let connection = self.connection.clone();
+        let space = self.space.clone();
+        tokio::task::spawn_blocking(move || {
+            // A poisoned lock only means an operation panicked; `flush` ends any transaction
+            // it left open.
+            let connection = connection.lock().unwrap_or_else(PoisonError::into_inner);
+            flush(&connection, ops)?;
+            if let Some(space) = &space {
+                // The flush committed; a failed measurement leaves the last one standing.
+                if let Err(e) = space.measure(&connection, false) {
+                    tracing::debug!(error = %e, "measuring the sqlite database after a flush");
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Unavailable {
+            message: format!("the sqlite writer's flush did not finish: {e}"),
+            source: None,
+        })?
     }
 }
 
-async fn execute(connection: &mut SqliteConnection, sql: &str, doing: &str) -> Result<()> {
-    sqlx::query(sql)
-        .execute(&mut *connection)
-        .await
+fn execute(connection: &Connection, sql: &str, doing: &str) -> Result<()> {
+    connection
+        .prepare_cached(sql)
+        .and_then(|mut statement| statement.execute([]))
         .map(|_| ())
-        .map_err(|e| from_sqlx(doing, e))
+        .doing(doing)
 }
 
 /// One transaction for every operation of the flush.
-async fn flush(connection: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<()> {
+fn flush(connection: &Connection, ops: Vec<WriteOp>) -> Result<()> {
+    if !connection.is_autocommit() {
+        // Only an operation that panicked half-way leaves a transaction open.
+        rollback(connection);
+    }
     // IMMEDIATE takes the write lock up front: a checkpoint or another process holding it makes
     // the flush wait (up to the busy timeout) here, not fail half-way.
-    execute(
-        connection,
-        "BEGIN IMMEDIATE",
-        "beginning a write transaction",
-    )
-    .await?;
+    execute(connection, "BEGIN IMMEDIATE", "beginning a write transaction")?;
     let mut answers = Vec::with_capacity(ops.len());
     for op in ops {
-        match run_one(connection, op).await {
+        match run_one(connection, op) {
             Ok(answer) => answers.push(answer),
             Err(e) => {
-                rollback(connection).await;
+                rollback(connection);
                 return Err(e);
             }
         }
     }
-    if let Err(e) = execute(connection, "COMMIT", "committing a write transaction").await {
-        rollback(connection).await;
+    if let Err(e) = execute(connection, "COMMIT", "committing a write transaction") {
+        rollback(connection);
         return Err(e);
     }
     for answer in answers {
@@ -120,30 +123,24 @@ async fn flush(connection: &mut SqliteConnection, ops: Vec<WriteOp>) -> Result<(
     Ok(())
 }
 
-async fn run_one(
-    connection: &mut SqliteConnection,
-    op: WriteOp,
-) -> Result<Box<dyn FnOnce() + Send>> {
-    execute(connection, "SAVEPOINT op", "opening a savepoint").await?;
-    let ran = (op.run)(connection).await;
+fn run_one(connection: &Connection, op: WriteOp) -> Result<Box<dyn FnOnce() + Send>> {
+    execute(connection, "SAVEPOINT op", "opening a savepoint")?;
+    let ran = (op.run)(connection);
     if let Some(error) = ran.error {
         // A failure that already ended the transaction (SQLite rolls back by itself on a full
         // disk or an I/O error) leaves no savepoint to go back to: the flush fails, with the
         // operation's error, which says what happened.
-        if execute(connection, "ROLLBACK TO op", "rolling back a failed write")
-            .await
-            .is_err()
-        {
+        if execute(connection, "ROLLBACK TO op", "rolling back a failed write").is_err() {
             return Err(error);
         }
     }
-    execute(connection, "RELEASE op", "releasing a savepoint").await?;
+    execute(connection, "RELEASE op", "releasing a savepoint")?;
     Ok(ran.answer)
 }
 
-async fn rollback(connection: &mut SqliteConnection) {
+fn rollback(connection: &Connection) {
     // An error here means there is no transaction left to roll back (SQLite ended it itself).
-    if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *connection).await {
+    if let Err(e) = connection.execute_batch("ROLLBACK") {
         tracing::debug!(error = %e, "rolling back a failed flush");
     }
 }
@@ -167,12 +164,12 @@ impl Writer {
     /// Starts the coalescer's worker over `connection`, measuring `space` after its flushes;
     /// must be called inside a Tokio runtime.
     pub(crate) fn start(
-        connection: SqliteConnection,
+        connection: Connection,
         config: WriteConfig,
         space: Option<Arc<Space>>,
     ) -> Result<Self> {
         let flusher = Flusher {
-            connection: Mutex::new(connection),
+            connection: Arc::new(Mutex::new(connection)),
             space,
         };
         let metrics = Arc::new(CoalesceMetrics::new());
@@ -187,23 +184,23 @@ impl Writer {
     ///
     /// The operation owns what it writes (`'static`): it may run after the caller stopped
     /// waiting, as a statement sent to a server may.
+    /// The operation runs synchronously on the writer's thread: it must not wait for anything
+    /// but SQLite.
     pub(crate) async fn run<T, F>(&self, doing: &'static str, bytes: usize, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> OpFuture<'c, Result<T>> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let run = boxed_run(move |connection| {
-            Box::pin(async move {
-                let result = op(connection).await;
-                Ran {
-                    error: result.as_ref().err().cloned(),
-                    answer: Box::new(move || {
-                        // A caller that stopped waiting needs no answer.
-                        let _ = reply.send(result);
-                    }),
-                }
-            })
+        let run: Run = Box::new(move |connection| {
+            let result = op(connection);
+            Ran {
+                error: result.as_ref().err().cloned(),
+                answer: Box::new(move || {
+                    // A caller that stopped waiting needs no answer.
+                    let _ = reply.send(result);
+                }),
+            }
         });
         self.coalescer
             .hand_off(vec![WriteOp { bytes, run }])
