@@ -100,6 +100,11 @@ impl Sheaf {
         self.process.rss_kib()
     }
 
+    /// CPU time the process used so far, all threads.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        self.process.cpu_time()
+    }
+
     /// SIGTERM, then up to 30 s for a graceful stop, then SIGKILL and an error.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.process.stop(Duration::from_secs(30)).await?;

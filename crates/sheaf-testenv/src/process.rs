@@ -263,6 +263,11 @@ impl SheafProcess {
         status_kib(Some(self.pid()), "VmRSS")
     }
 
+    /// CPU time it used so far, all its threads, user and system (`/proc/<pid>/stat`).
+    pub fn cpu_time(&self) -> Option<Duration> {
+        cpu_time(self.pid())
+    }
+
     /// SIGKILL (`Child::kill` signals this child's PID), then reaps it: no graceful stop, no
     /// last acknowledgement, connections cut as by a crash.
     pub fn kill(mut self) -> anyhow::Result<ExitStatus> {
@@ -362,6 +367,18 @@ pub fn status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;
         rest.split_whitespace().next()?.parse().ok()
     })
+}
+
+/// CPU time process `pid` used so far, all its threads, user and system: fields 14 and 15 of
+/// `/proc/<pid>/stat`, in clock ticks of 1/100 s (Linux's `USER_HZ` for these fields).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, field 2, is in parentheses and may hold spaces: count after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((user + system) * 10))
 }
 
 /// One sample of a Prometheus page: the value of the line whose name (with its labels, as

@@ -124,6 +124,7 @@ pub(super) async fn run_backend(
 
     let first = 1_000_000;
     receiver.reset();
+    let cpu_before = sheaf.cpu_time();
     let sat = load::publish(
         &publisher,
         base,
@@ -138,13 +139,15 @@ pub(super) async fn run_backend(
     receiver
         .wait_for_count(accepted, Duration::from_secs(300))
         .await;
-    let saturation = phase(&sat, first, &receiver, base);
+    let mut saturation = phase(&sat, first, &receiver, base);
+    saturation.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &saturation);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after_saturation_kib = sheaf.rss_kib().unwrap_or(0);
 
     let first = 2_000_000;
     receiver.reset();
     let steady_count = (sizes.steady_rate * steady_seconds) as usize;
+    let cpu_before = sheaf.cpu_time();
     let every = Duration::from_secs_f64(sizes.sample_every_s);
     let sampler = match &guards.0 {
         Some(schema) => Some(Sampler::start(schema, guards.1.as_ref(), every).await?),
@@ -164,7 +167,8 @@ pub(super) async fn run_backend(
     receiver
         .wait_for_count(accepted, Duration::from_secs(300))
         .await;
-    let steady = phase(&steady_sent, first, &receiver, base);
+    let mut steady = phase(&steady_sent, first, &receiver, base);
+    steady.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &steady);
     let queue = match sampler {
         Some(sampler) => Some(sampler.finish(guards.1.as_ref()).await?),
         None => None,
@@ -216,7 +220,16 @@ pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: In
         max_ms: report::percentile(lat, 100.0),
         publish_p50_ms: report::percentile(publish_ms(sent), 50.0),
         publish_p99_ms: report::percentile(publish_ms(sent), 99.0),
+        sheaf_cpu_us_per_event: None,
     }
+}
+
+/// CPU µs per delivered event between two readings of the process's CPU time. The readings
+/// bracket the phase (from before its first publish to after its last delivery was seen), so
+/// they include the moments the process waited for the load: idle time costs no CPU.
+fn cpu_per_event(before: Option<Duration>, after: Option<Duration>, phase: &Phase) -> Option<f64> {
+    let used = after?.checked_sub(before?)?;
+    (phase.delivered > 0).then(|| used.as_secs_f64() * 1e6 / phase.delivered as f64)
 }
 
 fn publish_ms(sent: &load::Sent) -> Vec<f64> {

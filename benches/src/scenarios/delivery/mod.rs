@@ -126,6 +126,9 @@ pub(super) struct Phase {
     /// Publish latency (request to 202) of the accepted publishes.
     pub(super) publish_p50_ms: f64,
     pub(super) publish_p99_ms: f64,
+    /// CPU time of the `sheaf` process (all threads) from the phase's first publish until its
+    /// last delivery was seen, per delivered event, in µs.
+    pub(super) sheaf_cpu_us_per_event: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -154,6 +154,7 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             "max latency",
             "publish p50 / p99",
             "events/s vs memory",
+            "sheaf CPU µs/event",
             "peak RSS (sheaf)",
         ],
     );
@@ -189,6 +190,8 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
                     report::millis(p.publish_p99_ms)
                 ),
                 report::ratio(p.events_per_s / base),
+                p.sheaf_cpu_us_per_event
+                    .map_or_else(|| "n/a".to_owned(), |us| format!("{us:.0}")),
                 format!("{:.1} MiB", m.peak_rss_mib),
             ]);
         }
