@@ -7,12 +7,12 @@ use std::fmt;
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use rusqlite::{Connection, params};
 use sheaf_store::{
     CredentialsSwap, DeliveryHealth, Destination, DestinationId, DestinationKind, DestinationPatch,
     DisabledReason, EntityStore, Error, Filter, HealthChange, PreviousSecret, RateLimit, Result,
     Secret, Tenant, TenantId, TenantUpsert, Timestamp, Topics, validate_health_reports,
 };
-use rusqlite::{Connection, params};
 
 use crate::db::{Columns, Db, first, get, get_time, get_uuid, uuid_text};
 use crate::error::{Doing, decode, from_sqlx};

@@ -84,9 +84,7 @@ impl SqliteStore {
         let migrated = migrate::run(&mut connection, &path).await;
         let _ = connection.close().await;
         migrated?;
-        let connection = options
-            .open_writer(&path)
-            .map_err(|e| opening(e.into()))?;
+        let connection = options.open_writer(&path).map_err(|e| opening(e.into()))?;
         let space = options
             .max_size_bytes
             .map(|bytes| Arc::new(Space::new(bytes)));

@@ -7,12 +7,12 @@ use std::fmt;
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use rusqlite::{Connection, params};
 use sheaf_store::{
     Attempt, AttemptCounts, AttemptFilter, AttemptId, AttemptKey, AttemptStatus, AttemptTrigger,
     Buckets, Cursor, DestinationId, Event, EventFilter, EventId, EventKey, LogStore, Page,
     PageRequest, Payload, Result, TenantId, TraceContext,
 };
-use rusqlite::{Connection, params};
 use sqlx::{QueryBuilder, Sqlite};
 
 use crate::db::{Columns, Db, get, get_time, get_u32, get_uuid, uuid_text};

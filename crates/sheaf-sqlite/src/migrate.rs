@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_queue.sql"),
     include_str!("../migrations/0004_replays.sql"),
     include_str!("../migrations/0005_retention.sql"),
+    include_str!("../migrations/0006_jobs_without_rowid.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -12,11 +12,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use async_trait::async_trait;
+use rusqlite::{Connection, params};
 use sheaf_store::{
     Accepted, ClaimedJob, Event, EventKey, Intake, JobId, Lease, LeaseOffer, Outbox, OutboxBacklog,
     Result, Settlement, Shipment, Timestamp, validate_intakes, validate_lease,
 };
-use rusqlite::{Connection, params};
 
 use crate::db::{Db, uuid_text};
 use crate::error::Doing;
@@ -118,7 +118,9 @@ impl Outbox for SqliteOutbox {
         let intakes = intakes.to_vec();
         self.db
             .writer
-            .run("accepting events", bytes, move |c| accept_on(c, &intakes, offer))
+            .run("accepting events", bytes, move |c| {
+                accept_on(c, &intakes, offer)
+            })
             .await
     }
 

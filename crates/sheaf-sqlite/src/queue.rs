@@ -17,12 +17,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::{Connection, params};
 use sheaf_store::{
     ClaimedJob, Cursor, DeadLetter, DeadLetterRequest, DestinationId, EventId, Job, JobId,
     JobQueue, Lease, Page, PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId,
     Timestamp, validate_job, validate_lease,
 };
-use rusqlite::{Connection, params};
 
 use crate::db::{Columns, Db, collect, first, get, get_time, get_u32, get_uuid, uuid_text};
 use crate::error::{Doing, decode, from_sqlx};

@@ -6,12 +6,12 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::{Connection, params};
 use sheaf_store::{
     Cursor, NewReplay, Replay, ReplayLease, ReplayPage, ReplayProgress, ReplaySaved, ReplayState,
     ReplayStep, ReplayStore, Result, TenantId, Timestamp, validate_job, validate_lease,
     validate_replay_step,
 };
-use rusqlite::{Connection, params};
 use uuid::Uuid;
 
 use crate::db::{Columns, Db, collect, first, get, get_time, get_uuid, uuid_text};

@@ -107,7 +107,8 @@ fn one_batch(connection: &Connection, retention: LogRetention, pressure: i64) ->
         .map(|age| Timestamp::now().saturating_sub(age).as_micros());
     let mut deleted = 0;
     // The bounds count what no job holds; the queue is small, so the held are counted from it.
-    let over = count(connection, "events")? - count_held(connection, "events")?
+    let over = count(connection, "events")?
+        - count_held(connection, "events")?
         - bound(retention.max_events);
     let over = over.max(at_least);
     if over > 0 {
@@ -116,7 +117,8 @@ fn one_batch(connection: &Connection, retention: LogRetention, pressure: i64) ->
     if let Some(cutoff) = cutoff {
         deleted += delete_events(connection, "e.event_time < ?1", Some(cutoff), BATCH)?;
     }
-    let over = count(connection, "attempts")? - count_held(connection, "attempts")?
+    let over = count(connection, "attempts")?
+        - count_held(connection, "attempts")?
         - bound(retention.max_attempts);
     let over = over.max(at_least);
     if over > 0 {

@@ -102,7 +102,11 @@ fn flush(connection: &Connection, ops: Vec<WriteOp>) -> Result<()> {
     }
     // IMMEDIATE takes the write lock up front: a checkpoint or another process holding it makes
     // the flush wait (up to the busy timeout) here, not fail half-way.
-    execute(connection, "BEGIN IMMEDIATE", "beginning a write transaction")?;
+    execute(
+        connection,
+        "BEGIN IMMEDIATE",
+        "beginning a write transaction",
+    )?;
     let mut answers = Vec::with_capacity(ops.len());
     for op in ops {
         match run_one(connection, op) {

@@ -136,6 +136,78 @@ async fn the_file_keeps_the_queue_across_a_reopen() {
     store.close().await;
 }
 
+/// A file made by a build before the queue's rows were keyed by id (schema version 5) keeps
+/// its queued jobs through the migration that moves them, and the store claims them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_file_keeps_its_queue_through_the_upgrade() {
+    use sqlx::Connection;
+    let dir = TestDb::new("upgrade").await;
+    let path = dir.store.path().to_owned();
+    dir.store.close().await;
+    for file in ["sheaf.db", "sheaf.db-wal", "sheaf.db-shm"] {
+        let _ = std::fs::remove_file(dir.dir.join(file));
+    }
+    // The file as version 5 left it, with one job waiting.
+    let tenant = unique_tenant("upgrade");
+    let waiting = job(&tenant, Timestamp::now());
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let mut connection = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .expect("create a version 5 file");
+        let version_5 = [
+            include_str!("../migrations/0001_log.sql"),
+            include_str!("../migrations/0002_entities.sql"),
+            include_str!("../migrations/0003_queue.sql"),
+            include_str!("../migrations/0004_replays.sql"),
+            include_str!("../migrations/0005_retention.sql"),
+        ];
+        for sql in version_5 {
+            sqlx::raw_sql(sql)
+                .execute(&mut connection)
+                .await
+                .expect("an old migration");
+        }
+        sqlx::query(
+            "INSERT INTO jobs (id, tenant_id, event_id, destination_id, attempt_number,
+                               next_due_at)
+             VALUES (?1, ?2, ?3, ?4, 1, ?5)",
+        )
+        .bind(waiting.id.to_string())
+        .bind(waiting.tenant_id.as_str())
+        .bind(waiting.event_id.as_str())
+        .bind(waiting.destination_id.to_string())
+        .bind(waiting.due_at.as_micros())
+        .execute(&mut connection)
+        .await
+        .expect("a waiting job");
+        sqlx::raw_sql("PRAGMA user_version = 5")
+            .execute(&mut connection)
+            .await
+            .expect("version 5");
+        connection.close().await.expect("close");
+    }
+    let store = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .expect("open and migrate");
+    let without_rowid: String =
+        sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE name = 'jobs'")
+            .fetch_one(store.readers())
+            .await
+            .expect("the jobs table");
+    assert!(without_rowid.contains("WITHOUT ROWID"), "{without_rowid}");
+    let claimed = store
+        .job_queue()
+        .claim(10, Duration::from_secs(30))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].job, waiting);
+    store.close().await;
+}
+
 /// `synchronous=FULL` opens and writes like the default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_synchronous_mode_works() {
