@@ -2,8 +2,8 @@
 //!
 //! Each migration runs in its own transaction together with the `user_version` it sets, so a file
 //! is always at exactly one version: a migration that fails leaves it at the previous one. The
-//! writer connection runs them before any other connection opens, so nothing reads a half-made
-//! schema.
+//! first connection `SqliteStore::open` makes runs them, before the writer and the readers open,
+//! so nothing reads a half-made schema.
 
 use std::path::Path;
 

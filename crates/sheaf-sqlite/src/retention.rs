@@ -253,7 +253,7 @@ fn vacuum(connection: &Connection) -> Result<bool> {
     if free * 4 <= pages {
         return Ok(false);
     }
-    // The pragma steps through the pages it frees; the loop drains it.
+    // Stepped until it is done, whatever it answers: the pragma frees its pages as it runs.
     let mut statement = connection
         .prepare_cached(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))
         .doing(doing)?;

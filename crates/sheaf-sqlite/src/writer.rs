@@ -187,9 +187,8 @@ impl Writer {
     /// writes, for the coalescer's `max_bytes`.
     ///
     /// The operation owns what it writes (`'static`): it may run after the caller stopped
-    /// waiting, as a statement sent to a server may.
-    /// The operation runs synchronously on the writer's thread: it must not wait for anything
-    /// but SQLite.
+    /// waiting, as a statement sent to a server may. It runs synchronously on the writer's
+    /// thread, so it must not wait for anything but SQLite.
     pub(crate) async fn run<T, F>(&self, doing: &'static str, bytes: usize, op: F) -> Result<T>
     where
         T: Send + 'static,
