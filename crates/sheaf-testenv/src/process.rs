@@ -372,13 +372,92 @@ pub fn status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
 /// CPU time process `pid` used so far, all its threads, user and system: fields 14 and 15 of
 /// `/proc/<pid>/stat`, in clock ticks of 1/100 s (Linux's `USER_HZ` for these fields).
 pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name, field 2, is in parentheses and may hold spaces: count after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let user: u64 = fields.next()?.parse().ok()?;
-    let system: u64 = fields.next()?.parse().ok()?;
-    Some(Duration::from_millis((user + system) * 10))
+    let stat = ProcStat::read(pid)?;
+    Some(ticks(stat.user + stat.system))
+}
+
+/// CPU time of process `pid` and all its children so far: its own, what its children that
+/// exited and were reaped used (`cutime`, `cstime`), and what its live children used. For a
+/// server that runs one process per connection (Postgres), this counts every connection that
+/// came and went between two readings.
+pub fn tree_cpu_time(pid: u32) -> Option<Duration> {
+    let own = ProcStat::read(pid)?;
+    let mut total = own.user + own.system + own.children_user + own.children_system;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(stat) = ProcStat::read(child).filter(|s| s.parent == pid) {
+            total += stat.user + stat.system + stat.children_user + stat.children_system;
+        }
+    }
+    Some(ticks(total))
+}
+
+/// The process listening on TCP `port` (IPv4 or IPv6), found by the socket's inode in
+/// `/proc/net/tcp*` and among the open files of the processes this user can read.
+pub fn listener_pid(port: u16) -> Option<u32> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .find_map(|table| {
+            let text = std::fs::read_to_string(table).ok()?;
+            text.lines().skip(1).find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let local_port = fields.get(1)?.rsplit_once(':')?.1;
+                // State 0A is LISTEN.
+                let listening = fields.get(3) == Some(&"0A");
+                (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                    .then(|| fields.get(9).map(|inode| (*inode).to_owned()))?
+            })
+        })?;
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+            fds.flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.as_os_str() == socket.as_str())
+                })
+                .then_some(pid)
+        })
+}
+
+fn ticks(ticks: u64) -> Duration {
+    Duration::from_millis(ticks * 10)
+}
+
+/// The fields of `/proc/<pid>/stat` the CPU readings need, in clock ticks.
+struct ProcStat {
+    parent: u32,
+    user: u64,
+    system: u64,
+    children_user: u64,
+    children_system: u64,
+}
+
+impl ProcStat {
+    fn read(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name, field 2, is in parentheses and may hold spaces: count after it,
+        // from field 3 (the state).
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+        Some(ProcStat {
+            parent: u32::try_from(field(4)?).ok()?,
+            user: field(14)?,
+            system: field(15)?,
+            children_user: field(16)?,
+            children_system: field(17)?,
+        })
+    }
 }
 
 /// One sample of a Prometheus page: the value of the line whose name (with its labels, as

@@ -124,7 +124,9 @@ pub(super) async fn run_backend(
 
     let first = 1_000_000;
     receiver.reset();
+    let servers = Servers::find(ctx, backend);
     let cpu_before = sheaf.cpu_time();
+    let servers_before = servers.cpu_time();
     let sat = load::publish(
         &publisher,
         base,
@@ -141,6 +143,7 @@ pub(super) async fn run_backend(
         .await;
     let mut saturation = phase(&sat, first, &receiver, base);
     saturation.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &saturation);
+    servers.per_event(servers_before, &mut saturation);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after_saturation_kib = sheaf.rss_kib().unwrap_or(0);
 
@@ -148,6 +151,7 @@ pub(super) async fn run_backend(
     receiver.reset();
     let steady_count = (sizes.steady_rate * steady_seconds) as usize;
     let cpu_before = sheaf.cpu_time();
+    let servers_before = servers.cpu_time();
     let every = Duration::from_secs_f64(sizes.sample_every_s);
     let sampler = match &guards.0 {
         Some(schema) => Some(Sampler::start(schema, guards.1.as_ref(), every).await?),
@@ -169,6 +173,7 @@ pub(super) async fn run_backend(
         .await;
     let mut steady = phase(&steady_sent, first, &receiver, base);
     steady.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &steady);
+    servers.per_event(servers_before, &mut steady);
     let queue = match sampler {
         Some(sampler) => Some(sampler.finish(guards.1.as_ref()).await?),
         None => None,
@@ -221,7 +226,62 @@ pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: In
         publish_p50_ms: report::percentile(publish_ms(sent), 50.0),
         publish_p99_ms: report::percentile(publish_ms(sent), 99.0),
         sheaf_cpu_us_per_event: None,
+        postgres_cpu_us_per_event: None,
+        clickhouse_cpu_us_per_event: None,
     }
+}
+
+/// The database servers a configuration uses, by the process listening on each one's port.
+struct Servers {
+    postgres: Option<u32>,
+    clickhouse: Option<u32>,
+}
+
+/// Their CPU time at one moment.
+struct ServersCpu {
+    postgres: Option<Duration>,
+    clickhouse: Option<Duration>,
+}
+
+impl Servers {
+    fn find(ctx: &Ctx, backend: Backend) -> Self {
+        let listener = |url: anyhow::Result<&str>| {
+            url.ok()
+                .and_then(port_of)
+                .and_then(sheaf_testenv::process::listener_pid)
+        };
+        let postgres = matches!(backend, Backend::Postgres | Backend::PostgresClickHouse);
+        Servers {
+            postgres: postgres.then(|| listener(ctx.postgres())).flatten(),
+            clickhouse: (backend == Backend::PostgresClickHouse)
+                .then(|| listener(ctx.clickhouse()))
+                .flatten(),
+        }
+    }
+
+    fn cpu_time(&self) -> ServersCpu {
+        use sheaf_testenv::process::tree_cpu_time;
+        ServersCpu {
+            postgres: self.postgres.and_then(tree_cpu_time),
+            clickhouse: self.clickhouse.and_then(tree_cpu_time),
+        }
+    }
+
+    fn per_event(&self, before: ServersCpu, phase: &mut Phase) {
+        let after = self.cpu_time();
+        phase.postgres_cpu_us_per_event = cpu_per_event(before.postgres, after.postgres, phase);
+        phase.clickhouse_cpu_us_per_event =
+            cpu_per_event(before.clickhouse, after.clickhouse, phase);
+    }
+}
+
+/// The port of a `scheme://[user[:password]@]host:port/…` URL.
+fn port_of(url: &str) -> Option<u16> {
+    let authority = url.split_once("://")?.1.split(['/', '?']).next()?;
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, rest)| rest);
+    host_port.rsplit_once(':')?.1.parse().ok()
 }
 
 /// CPU µs per delivered event between two readings of the process's CPU time. The readings

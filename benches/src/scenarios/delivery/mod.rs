@@ -129,6 +129,10 @@ pub(super) struct Phase {
     /// CPU time of the `sheaf` process (all threads) from the phase's first publish until its
     /// last delivery was seen, per delivered event, in µs.
     pub(super) sheaf_cpu_us_per_event: Option<f64>,
+    /// The same for Postgres (the postmaster and every process it started) and ClickHouse, in
+    /// the configurations that use them.
+    pub(super) postgres_cpu_us_per_event: Option<f64>,
+    pub(super) clickhouse_cpu_us_per_event: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -154,7 +154,7 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             "max latency",
             "publish p50 / p99",
             "events/s vs memory",
-            "sheaf CPU µs/event",
+            "CPU µs/event: sheaf / Postgres / ClickHouse",
             "peak RSS (sheaf)",
         ],
     );
@@ -190,8 +190,13 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
                     report::millis(p.publish_p99_ms)
                 ),
                 report::ratio(p.events_per_s / base),
-                p.sheaf_cpu_us_per_event
-                    .map_or_else(|| "n/a".to_owned(), |us| format!("{us:.0}")),
+                [
+                    p.sheaf_cpu_us_per_event,
+                    p.postgres_cpu_us_per_event,
+                    p.clickhouse_cpu_us_per_event,
+                ]
+                .map(|us| us.map_or_else(|| "–".to_owned(), |us| format!("{us:.0}")))
+                .join(" / "),
                 format!("{:.1} MiB", m.peak_rss_mib),
             ]);
         }
