@@ -12,16 +12,15 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 use sheaf_store::{
     Accepted, ClaimedJob, Event, EventKey, Intake, JobId, Lease, LeaseOffer, Outbox, OutboxBacklog,
     Result, Settlement, Shipment, Timestamp, validate_intakes, validate_lease,
 };
 
-use crate::db::{Db, uuid_text};
-use crate::error::Doing;
+use crate::db::Db;
 use crate::log::{GET_EVENTS, batch_bytes, dedupe, events_by_key, insert_attempts, insert_events};
-use crate::queue::{complete_on, dead_letter_on, reschedule_on};
+use crate::queue::{complete_on, dead_letter_on, insert_job, reschedule_on};
 
 /// The outbox over the SQLite queue and log. Cheap to clone; every clone shares the
 /// connections.
@@ -52,15 +51,6 @@ fn accept_on(connection: &Connection, intakes: &[Intake], offer: LeaseOffer) -> 
     let until = now.saturating_add(offer.lease);
     let mut accepted = Accepted::default();
     let mut seen = HashSet::with_capacity(intakes.len());
-    let mut insert_job = connection
-        .prepare_cached(
-            "INSERT INTO jobs (id, tenant_id, event_id, destination_id, attempt_number,
-                               last_attempt_time, next_due_at, claimed_until)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
-             WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .doing("accepting jobs")?;
     for intake in intakes {
         let event = &intake.event;
         // A key repeated within the call is a repeat, as one accepted before is.
@@ -75,19 +65,8 @@ fn accept_on(connection: &Connection, intakes: &[Intake], offer: LeaseOffer) -> 
         }
         for job in &intake.jobs {
             let lease = job.due_at <= now && accepted.leased.len() < offer.max_jobs;
-            let inserted = insert_job
-                .execute(params![
-                    uuid_text(job.id.as_uuid()),
-                    job.tenant_id.as_str(),
-                    job.event_id.as_str(),
-                    uuid_text(job.destination_id.as_uuid()),
-                    i64::from(job.attempt_number),
-                    job.last_attempt_time.map(Timestamp::as_micros),
-                    job.due_at.as_micros(),
-                    lease.then(|| until.as_micros()),
-                ])
-                .doing("accepting jobs")?;
-            if lease && inserted == 1 {
+            let new_job = insert_job(connection, job, lease.then_some(until), "accepting jobs")?;
+            if lease && new_job {
                 accepted.leased.push(ClaimedJob {
                     job: job.clone(),
                     lease: Lease {

@@ -87,20 +87,27 @@ fn distinct_by_lease<T: Clone>(items: &[T], lease_of: impl Fn(&T) -> Lease) -> V
         .collect()
 }
 
-/// Adds `jobs` on the writer connection: ids already queued or dead-lettered are skipped.
-pub(crate) fn enqueue_on(connection: &Connection, jobs: &[Job]) -> Result<()> {
-    let doing = "enqueueing jobs";
-    let mut statement = connection
-        .prepare_cached(&format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}, next_due_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
-             WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
-             ON CONFLICT (id) DO NOTHING"
-        ))
-        .doing(doing)?;
-    for job in jobs {
-        statement
-            .execute(params![
+/// Adds one job unless its id is queued or dead-lettered already; `?8` is its `claimed_until`
+/// (NULL: not leased).
+const INSERT_JOB: &str =
+    "INSERT INTO jobs (id, tenant_id, event_id, destination_id, attempt_number,
+                                   last_attempt_time, next_due_at, claimed_until)
+     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+     WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
+     ON CONFLICT (id) DO NOTHING";
+
+/// Inserts `job` on the writer connection, leased until `claimed_until` if given; returns
+/// whether it was new (neither queued nor dead-lettered already).
+pub(crate) fn insert_job(
+    connection: &Connection,
+    job: &Job,
+    claimed_until: Option<Timestamp>,
+    doing: &str,
+) -> Result<bool> {
+    let inserted = connection
+        .prepare_cached(INSERT_JOB)
+        .and_then(|mut statement| {
+            statement.execute(params![
                 uuid_text(job.id.as_uuid()),
                 job.tenant_id.as_str(),
                 job.event_id.as_str(),
@@ -108,8 +115,17 @@ pub(crate) fn enqueue_on(connection: &Connection, jobs: &[Job]) -> Result<()> {
                 i64::from(job.attempt_number),
                 job.last_attempt_time.map(Timestamp::as_micros),
                 job.due_at.as_micros(),
+                claimed_until.map(Timestamp::as_micros),
             ])
-            .doing(doing)?;
+        })
+        .doing(doing)?;
+    Ok(inserted == 1)
+}
+
+/// Adds `jobs` on the writer connection: ids already queued or dead-lettered are skipped.
+pub(crate) fn enqueue_on(connection: &Connection, jobs: &[Job]) -> Result<()> {
+    for job in jobs {
+        insert_job(connection, job, None, "enqueueing jobs")?;
     }
     Ok(())
 }
