@@ -1,3 +1,4 @@
 //! xtask's tests: the tidy checks that reviewers would otherwise repeat by hand.
 
+mod boundaries;
 mod tidy;

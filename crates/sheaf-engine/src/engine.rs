@@ -16,6 +16,7 @@ use sheaf_store::{
     QueueDepth, Secret, Tenant, TenantId, TenantUpsert, Timestamp,
 };
 
+use crate::backends::Stores;
 use crate::config::EngineConfig;
 use crate::delivery::Delivery;
 use crate::health::{HealthTask, ensure_operator_destination};
@@ -25,11 +26,11 @@ use crate::ingest::replay::{ReplayKeeper, ReplayRequest, start_replay};
 use crate::ingest::retry::{RetryRequest, manual_retry};
 use crate::ingest::shipper::Shipper;
 use crate::ingest::{PublishError, Published, ValidPublish};
+use crate::state::Core;
 use crate::state::admission::{InFlight, Refused};
 use crate::state::entities::TenantEntry;
 use crate::state::metrics::CdcMetrics;
 use crate::state::replays::ReplayView;
-use crate::state::{Core, Stores};
 
 /// Builds the engine over `stores` and starts it: the delivery workers (unless
 /// `delivery_workers` is 0), the log shipper when an outbox feeds the log store, destination

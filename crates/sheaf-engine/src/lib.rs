@@ -1,6 +1,7 @@
 //! Sheaf's engine: publish, delivery, retries, replays and CDC intake behind one façade.
 #![doc = include_str!("../README.md")]
 
+pub mod backends;
 mod config;
 mod delivery;
 mod destinations;
@@ -9,15 +10,16 @@ mod health;
 mod ingest;
 mod state;
 
+pub use backends::{
+    EntityHome, LogStoreKind, Migrate, QueueKind, SettingError, SettingSource, StoreConfig, Stores,
+    backup,
+};
 pub use config::cdc::{CdcSettings, TableTenants};
 pub use config::secrets_key::SecretsKey;
-pub use config::{
-    EngineConfig, EntityHome, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig, SqliteSync,
-};
+pub use config::{EngineConfig, OperatorWebhook, RetryConfig};
 pub use destinations::installed as destination_types;
 pub use engine::{Engine, Readiness, Tasks, start};
 pub use ingest::{PublishError, Published};
-pub use state::stores::{Migrate, Stores, backup_sqlite};
 
 /// The publish body: parsed and checked as a pure function, so a front door (and the fuzzer)
 /// can use it without the rest of the engine.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use sheaf_engine::reseal::{MAX_BATCH, ResealOptions, reseal_configured};
-use sheaf_server::settings::{EntityHome, QueueKind, settings_help};
+use sheaf_server::settings::settings_help;
 use sheaf_server::{Config, Migrate, Stores};
 
 fn usage() -> String {
@@ -75,13 +75,13 @@ fn try_main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("cannot start the tokio runtime")?;
-            runtime.block_on(sheaf_engine::backup_sqlite(
-                &config.engine,
+            let copied = runtime.block_on(sheaf_engine::backup(
+                &config.engine.stores,
                 std::path::Path::new(destination),
             ))?;
             println!(
                 "sheaf: wrote a copy of {} to {destination}",
-                config.engine.sqlite_file().display()
+                copied.display()
             );
             Ok(())
         }
@@ -185,8 +185,8 @@ async fn reseal_secrets(config: Config, options: ResealOptions) -> anyhow::Resul
 async fn migrate(config: Config) -> anyhow::Result<()> {
     Stores::connect(&config.engine, Migrate::Yes).await?;
     tracing::info!(
-        log_store = ?config.engine.log_store,
-        queue = ?config.engine.queue,
+        log_store = config.engine.stores.log.word(),
+        queue = config.engine.stores.queue.word(),
         "schemas are up to date"
     );
     Ok(())
@@ -195,19 +195,18 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let open_admin = config.api_key.is_none();
     // Where secrets would be written as they are: nowhere when they stay in memory.
-    let plaintext_secrets_in = match config.engine.entity_home() {
-        _ if config.engine.secrets_key.is_some() => None,
-        EntityHome::Memory => None,
-        EntityHome::Sqlite => Some("the SQLite file in SHEAF_DATA_DIR"),
-        EntityHome::Postgres => Some("Postgres"),
+    let plaintext_secrets_in = match config.engine.secrets_key {
+        Some(_) => None,
+        None => config.engine.stores.entity_home().describe(),
     };
+    // A queue only this process takes jobs from, and no worker to take them.
     let nothing_delivers =
-        config.engine.delivery_workers == 0 && config.engine.queue == QueueKind::Memory;
+        config.engine.delivery_workers == 0 && !config.engine.stores.queue.is_shared();
     let running = sheaf_server::start(config.clone()).await?;
     tracing::info!(
         addr = %running.addr,
-        log_store = ?config.engine.log_store,
-        queue = ?config.engine.queue,
+        log_store = config.engine.stores.log.word(),
+        queue = config.engine.stores.queue.word(),
         "sheaf {} is listening on http://{}",
         env!("CARGO_PKG_VERSION"),
         running.addr
@@ -236,7 +235,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     if nothing_delivers {
         tracing::warn!(
-            "SHEAF_DELIVERY_WORKERS is 0 with the memory queue: events are accepted and queued, and nothing delivers them"
+            "SHEAF_DELIVERY_WORKERS is 0 and no other process takes jobs from SHEAF_QUEUE={}: events are accepted and queued, and nothing delivers them",
+            config.engine.stores.queue.word()
         );
     }
     wait_for_signal().await?;

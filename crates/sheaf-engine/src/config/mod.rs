@@ -13,52 +13,7 @@ use std::time::Duration;
 
 use sheaf_coalesce::{LookupConfig, WriteConfig};
 
-/// Where the log store lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogStoreKind {
-    /// In this process.
-    Memory,
-    /// The SQLite file in [`EngineConfig::data_dir`] (the default).
-    Sqlite,
-    /// Postgres (`SHEAF_POSTGRES_URL`).
-    Postgres,
-    /// ClickHouse (`SHEAF_CLICKHOUSE_URL`).
-    ClickHouse,
-}
-
-/// Where the job queue lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueKind {
-    /// In this process.
-    Memory,
-    /// The SQLite file in [`EngineConfig::data_dir`], with the log store there too (its log
-    /// tables are the queue's outbox); the default.
-    Sqlite,
-    /// Postgres (`SHEAF_POSTGRES_URL`), shared by every process that points at it.
-    Postgres,
-}
-
-/// When a SQLite flush counts as written (`SHEAF_SQLITE_SYNC`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SqliteSync {
-    /// A commit is in the WAL file, not yet fsynced: a process crash loses nothing, a power
-    /// loss may lose the last flushes.
-    Normal,
-    /// Every commit is fsynced before it is answered.
-    Full,
-}
-
-/// Where tenants, destinations and replays live: beside the shared stores, so that every
-/// process using a queue or a log sees the same destinations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntityHome {
-    /// In this process: neither the queue nor the log store is in a database.
-    Memory,
-    /// In the SQLite file, when the queue or the log store is there and neither in Postgres.
-    Sqlite,
-    /// In Postgres, whenever the queue or the log store is.
-    Postgres,
-}
+use crate::backends::StoreConfig;
 
 /// The retry policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,25 +73,8 @@ pub struct EngineConfig {
     /// it in every entity store; with `SHEAF_SECRETS_KEY_PREVIOUS` beside it, values sealed
     /// with that one still open.
     pub secrets_key: Option<secrets_key::SecretsKey>,
-    /// `SHEAF_LOG_STORE`.
-    pub log_store: LogStoreKind,
-    /// `SHEAF_QUEUE`.
-    pub queue: QueueKind,
-    /// `SHEAF_DATA_DIR`: the directory of the SQLite file (`sheaf.db`), when a store is there.
-    pub data_dir: PathBuf,
-    /// `SHEAF_SQLITE_SYNC`.
-    pub sqlite_sync: SqliteSync,
-    /// `SHEAF_SQLITE_MAX_SIZE_MIB`, in bytes: the largest the SQLite file may grow; `None`: as
-    /// large as the disk allows.
-    pub sqlite_max_size: Option<u64>,
-    /// `SHEAF_POSTGRES_URL`.
-    pub postgres_url: Option<String>,
-    /// `SHEAF_CLICKHOUSE_URL`.
-    pub clickhouse_url: Option<String>,
-    /// `SHEAF_POSTGRES_SCHEMA`.
-    pub postgres_schema: String,
-    /// `SHEAF_CLICKHOUSE_DATABASE`.
-    pub clickhouse_database: String,
+    /// Which stores run (`SHEAF_LOG_STORE`, `SHEAF_QUEUE`), and each backend's settings.
+    pub stores: StoreConfig,
     /// `SHEAF_RETRY_*` except the lookup.
     pub retry: RetryConfig,
     /// `SHEAF_RETRY_LOOKUP_*`: the coalescer in front of `LogStore::latest_attempts`.
@@ -196,52 +134,14 @@ pub struct EngineConfig {
     pub cdc: Option<cdc::CdcSettings>,
 }
 
-impl EngineConfig {
-    /// Where tenants, destinations and replays live (see [`EntityHome`]).
-    pub fn entity_home(&self) -> EntityHome {
-        if self.log_store == LogStoreKind::Postgres || self.queue == QueueKind::Postgres {
-            EntityHome::Postgres
-        } else if self.log_store == LogStoreKind::Sqlite || self.queue == QueueKind::Sqlite {
-            EntityHome::Sqlite
-        } else {
-            EntityHome::Memory
-        }
-    }
-
-    /// The SQLite database file: `sheaf.db` in [`EngineConfig::data_dir`].
-    pub fn sqlite_file(&self) -> PathBuf {
-        self.data_dir.join("sheaf.db")
-    }
-}
-
-/// The SQLite file when the engine is built with it (feature `sqlite`, on by default), else
-/// memory.
-#[cfg(feature = "sqlite")]
-const EMBEDDED_LOG: LogStoreKind = LogStoreKind::Sqlite;
-#[cfg(feature = "sqlite")]
-const EMBEDDED_QUEUE: QueueKind = QueueKind::Sqlite;
-#[cfg(not(feature = "sqlite"))]
-const EMBEDDED_LOG: LogStoreKind = LogStoreKind::Memory;
-#[cfg(not(feature = "sqlite"))]
-const EMBEDDED_QUEUE: QueueKind = QueueKind::Memory;
-
-/// The embedded default: every store in the SQLite file `sheaf-data/sheaf.db` (memory without
-/// the `sqlite` feature), 32 workers, the retry schedule 5 s, 1 min, 10 min, 1 h, 6 h. The same
-/// values as the `sheaf` binary's settings when none is set (its tests check that they agree).
+/// The embedded default: the embedded stores ([`StoreConfig::default`]), 32 workers, the retry
+/// schedule 5 s, 1 min, 10 min, 1 h, 6 h. The same values as the `sheaf` binary's settings when none is set (its tests check that they agree).
 impl Default for EngineConfig {
     fn default() -> Self {
         let secs = Duration::from_secs;
         Self {
             secrets_key: None,
-            log_store: EMBEDDED_LOG,
-            queue: EMBEDDED_QUEUE,
-            data_dir: PathBuf::from("sheaf-data"),
-            sqlite_sync: SqliteSync::Normal,
-            sqlite_max_size: None,
-            postgres_url: None,
-            clickhouse_url: None,
-            postgres_schema: "sheaf".to_owned(),
-            clickhouse_database: "sheaf".to_owned(),
+            stores: StoreConfig::default(),
             retry: RetryConfig {
                 schedule: [5, 60, 600, 3600, 21600].map(secs).to_vec(),
                 max_attempts: 6,

@@ -1,7 +1,7 @@
 //! What one `sheaf` process shares between its API, its ingest paths and its delivery engine,
 //! built once at start ([`Core`]).
 //!
-//! - [`stores`]: which backends run (memory by default; Postgres, ClickHouse by configuration).
+//! - [`stores`]: connecting the stores the configuration names (see `crate::backends`), and their readiness.
 //! - [`admission`]: the pending-work bound: publishes refused at the door, never accepted work
 //!   dropped.
 //! - [`intake`]: the group commit of publishes into the outbox (with the Postgres queue).
@@ -42,4 +42,3 @@ pub(crate) mod turns;
 pub(crate) mod url_password;
 
 pub use shared::Core;
-pub use stores::Stores;

@@ -19,9 +19,9 @@ use std::collections::HashSet;
 use anyhow::Context as _;
 use sheaf_store::{Destination, DestinationId, Error, Result};
 
-use crate::config::{EngineConfig, EntityHome};
+use crate::backends::{Migrate, Stores};
+use crate::config::EngineConfig;
 use crate::state::secrets::SealedEntityStore;
-use crate::state::stores::{Migrate, Stores};
 
 /// How many times a destination changed by a server during the pass is read and re-sealed
 /// again before it is left for the next pass. A change is a rare API call, so a second try
@@ -169,21 +169,17 @@ pub async fn reseal_configured(
     config: &EngineConfig,
     options: ResealOptions,
 ) -> anyhow::Result<Option<ResealReport>> {
-    let home = config.entity_home();
-    if home == EntityHome::Memory {
+    let Some(home) = config.stores.entity_home().describe() else {
         return Ok(None);
-    }
+    };
     let key = config.secrets_key.clone().context(
         "SHEAF_SECRETS_KEY is not set: it is the key every credential is re-sealed under",
     )?;
     let stores = Stores::connect(config, Migrate::No).await?;
     let sealed = SealedEntityStore::new(stores.entities, Some(key));
-    let report = sealed.reseal(options).await.with_context(|| match home {
-        EntityHome::Sqlite => format!(
-            "re-sealing destination credentials in the sqlite file (SHEAF_DATA_DIR {})",
-            config.data_dir.display()
-        ),
-        _ => "re-sealing destination credentials in Postgres (SHEAF_POSTGRES_URL)".to_owned(),
-    })?;
+    let report = sealed
+        .reseal(options)
+        .await
+        .with_context(|| format!("re-sealing destination credentials in {home}"))?;
     Ok(Some(report))
 }

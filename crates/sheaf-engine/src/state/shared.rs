@@ -10,6 +10,7 @@ use sheaf_destination::Registry;
 use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
 
+use crate::backends::Stores;
 use crate::config::EngineConfig;
 use crate::state::admission::Admission;
 use crate::state::entities::EntityCache;
@@ -22,7 +23,6 @@ use crate::state::metrics::{MetricSources, Metrics};
 use crate::state::pacer::Pacer;
 use crate::state::replays::Replays;
 use crate::state::secrets::SealedEntityStore;
-use crate::state::stores::Stores;
 use crate::state::trace::EventTraces;
 use crate::state::turns::TurnReports;
 

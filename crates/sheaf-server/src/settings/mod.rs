@@ -36,9 +36,7 @@ use sheaf_coalesce::{LookupConfig, WriteConfig};
 pub use cdc::{CdcSettings, TableTenants};
 pub use docs::{settings_help, with_part_between};
 pub use keys::{AdminKey, SecretsKey, TokenKey};
-pub use sheaf_engine::{
-    EngineConfig, EntityHome, LogStoreKind, OperatorWebhook, QueueKind, RetryConfig, SqliteSync,
-};
+pub use sheaf_engine::{EngineConfig, OperatorWebhook, RetryConfig, StoreConfig};
 pub use table::{Kind, SETTINGS, Setting};
 pub use values::{deprecation_warnings, format_duration, parse_duration};
 
@@ -53,6 +51,16 @@ pub struct ConfigError {
     pub setting: String,
     /// What is wrong with it, lower-case.
     pub message: String,
+}
+
+/// A store setting the engine refused ([`StoreConfig::from_settings`]).
+impl From<sheaf_engine::SettingError> for ConfigError {
+    fn from(e: sheaf_engine::SettingError) -> Self {
+        Self {
+            setting: e.setting,
+            message: e.message,
+        }
+    }
 }
 
 impl ConfigError {
@@ -126,30 +134,20 @@ impl Config {
             .map_err(|m| ConfigError::new(s::TOKEN_SIGNING_KEY.name, m))?;
         check_admin_access(listen, api_key.as_ref(), token_signing_key.is_some())?;
         let secrets_key = keys::parse_secrets_key(&values)?;
-        let stores = parse_stores(&values)?;
+        let stores = StoreConfig::from_settings(&values)?;
         let delivery_timeout = values.duration(&s::DELIVERY_TIMEOUT)?;
         let queue_lease = values.duration(&s::QUEUE_LEASE)?;
         check_lease(queue_lease, delivery_timeout)?;
-        let postgres_stores =
-            stores.log_store == LogStoreKind::Postgres || stores.queue == QueueKind::Postgres;
         let tls_ca_file = parse_tls_ca_file(&values)?;
         let cdc = cdc::parse_cdc(
             &values,
-            postgres_stores.then_some(stores.postgres_schema.as_str()),
+            stores.postgres_schema_in_use(),
             tls_ca_file.as_deref(),
         )?;
         let otlp_endpoint = parse_otlp_endpoint(&values)?;
         let engine = EngineConfig {
             secrets_key,
-            log_store: stores.log_store,
-            data_dir: stores.data_dir,
-            sqlite_sync: stores.sqlite_sync,
-            sqlite_max_size: stores.sqlite_max_size,
-            queue: stores.queue,
-            postgres_url: stores.postgres_url,
-            clickhouse_url: stores.clickhouse_url,
-            postgres_schema: stores.postgres_schema,
-            clickhouse_database: stores.clickhouse_database,
+            stores,
             retry: parse_retry(&values)?,
             retry_lookup: LookupConfig {
                 max_batch: values.usize(&s::RETRY_LOOKUP_BATCH_SIZE)?,
@@ -254,118 +252,6 @@ fn check_admin_access(
         ));
     }
     Ok(())
-}
-
-/// The store settings, checked together.
-struct StoreSettings {
-    log_store: LogStoreKind,
-    queue: QueueKind,
-    data_dir: PathBuf,
-    sqlite_sync: SqliteSync,
-    sqlite_max_size: Option<u64>,
-    postgres_url: Option<String>,
-    clickhouse_url: Option<String>,
-    postgres_schema: String,
-    clickhouse_database: String,
-}
-
-fn parse_stores(values: &Values) -> Result<StoreSettings, ConfigError> {
-    let log_store = values.choice_of(&s::LOG_STORE, names::LOG_STORE_WORDS)?;
-    // Unset, the queue is the embedded store's when the log is: the SQLite file by default,
-    // and memory with `SHEAF_LOG_STORE=memory` (or a log store on a server, as before SQLite).
-    let queue = match values.optional(&s::QUEUE) {
-        Some(_) => values.choice_of(&s::QUEUE, names::QUEUE_WORDS)?,
-        None if log_store == LogStoreKind::Sqlite => QueueKind::Sqlite,
-        None => QueueKind::Memory,
-    };
-    let data_dir = PathBuf::from(values.get(&s::DATA_DIR).unwrap_or_default());
-    if data_dir.as_os_str().is_empty() {
-        return Err(ConfigError::new(s::DATA_DIR.name, "is empty"));
-    }
-    let sqlite_sync = values.choice_of(&s::SQLITE_SYNC, names::SQLITE_SYNC_WORDS)?;
-    let sqlite_max_size = match values.usize(&s::SQLITE_MAX_SIZE_MIB)? {
-        0 => None,
-        mib => Some(mib as u64 * 1024 * 1024),
-    };
-    let postgres_url = values.optional(&s::POSTGRES_URL);
-    let clickhouse_url = values.optional(&s::CLICKHOUSE_URL);
-    // The stores validate these names themselves when they connect; checked here too so the
-    // error names the setting.
-    let postgres_schema = values.get(&s::POSTGRES_SCHEMA).unwrap_or_default();
-    if !is_identifier(&postgres_schema, 63, |b| {
-        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'
-    }) {
-        return Err(ConfigError::new(
-            s::POSTGRES_SCHEMA.name,
-            format!("{postgres_schema:?} is not a plain lower-case identifier"),
-        ));
-    }
-    let clickhouse_database = values.get(&s::CLICKHOUSE_DATABASE).unwrap_or_default();
-    if !is_identifier(&clickhouse_database, 64, |b| {
-        b.is_ascii_alphanumeric() || b == b'_'
-    }) {
-        return Err(ConfigError::new(
-            s::CLICKHOUSE_DATABASE.name,
-            format!("{clickhouse_database:?} is not a plain identifier"),
-        ));
-    }
-    if (log_store == LogStoreKind::Postgres || queue == QueueKind::Postgres)
-        && postgres_url.is_none()
-    {
-        return Err(ConfigError::new(
-            s::POSTGRES_URL.name,
-            "is required when SHEAF_LOG_STORE or SHEAF_QUEUE is postgres",
-        ));
-    }
-    if log_store == LogStoreKind::ClickHouse && clickhouse_url.is_none() {
-        return Err(ConfigError::new(
-            s::CLICKHOUSE_URL.name,
-            "is required when SHEAF_LOG_STORE is clickhouse",
-        ));
-    }
-    // Job rows carry no payload: a delivery reads its event from the log store. A durable queue
-    // in front of a memory log store loses every pending delivery on a restart, and in a second
-    // process finds no event at all (the fault suite saw 2 of 200 events dropped that way); one
-    // process's SQLite file is as invisible to the others. So the combination is refused
-    // rather than documented.
-    if queue == QueueKind::Postgres
-        && matches!(log_store, LogStoreKind::Memory | LogStoreKind::Sqlite)
-    {
-        let word = names::word_of(names::LOG_STORE_WORDS, log_store);
-        return Err(ConfigError::new(
-            s::LOG_STORE.name,
-            format!(
-                "{word} cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse"
-            ),
-        ));
-    }
-    // The SQLite queue's outbox is the log tables of its own file: there is no shipping from
-    // SQLite to another log store.
-    if queue == QueueKind::Sqlite && log_store != LogStoreKind::Sqlite {
-        return Err(ConfigError::new(
-            s::LOG_STORE.name,
-            "must be sqlite with SHEAF_QUEUE=sqlite: the queue's events are committed with its jobs in the log tables of the same file",
-        ));
-    }
-    Ok(StoreSettings {
-        log_store,
-        queue,
-        data_dir,
-        sqlite_sync,
-        sqlite_max_size,
-        postgres_url,
-        clickhouse_url,
-        postgres_schema,
-        clickhouse_database,
-    })
-}
-
-/// Not empty, at most `max_len` bytes, every byte allowed, not starting with a digit.
-fn is_identifier(name: &str, max_len: usize, allowed: impl Fn(u8) -> bool) -> bool {
-    !name.is_empty()
-        && name.len() <= max_len
-        && name.bytes().all(allowed)
-        && !name.as_bytes()[0].is_ascii_digit()
 }
 
 fn parse_retry(values: &Values) -> Result<RetryConfig, ConfigError> {

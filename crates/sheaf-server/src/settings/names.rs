@@ -1,12 +1,12 @@
 //! Which names the settings answer to, beside the table's own: the former names still read
 //! ([`RENAMED`]), the `SHEAF_` names set aside for the development tools ([`NOT_SETTINGS`]),
-//! the variant each word of a one-of setting binds ([`LOG_STORE_WORDS`] and the like), and the
+//! the variant each word of `SHEAF_LOG_FORMAT` binds ([`LOG_FORMAT_WORDS`]), and the
 //! closest setting to a name that is none of these, for the refusal that names it.
 
 use std::path::Path;
 
 use super::table::{LOG_WRITE_MAX_WAIT, RETRY_LOOKUP_BATCH_WAIT, SETTINGS, Setting, file_key_of};
-use super::{ConfigError, LogFormat, LogStoreKind, QueueKind, SqliteSync};
+use super::{ConfigError, LogFormat};
 
 /// A setting's former name, still read so an existing deployment keeps starting: its value,
 /// a whole number of milliseconds, is read as the same number of `ms` by [`Renamed::new`],
@@ -107,40 +107,11 @@ pub fn is_service_link(name: &str) -> bool {
     })
 }
 
-/// The variant each word of [`SHEAF_LOG_STORE`](super::table::LOG_STORE) names. Words are
+/// The variant each word of [`SHEAF_LOG_FORMAT`](super::table::LOG_FORMAT) names. Words are
 /// bound to variants by name, so the order of the table's [`Kind::OneOf`](super::Kind::OneOf)
-/// list (the order the docs show) cannot swap backends; a test checks that the two lists hold
-/// the same words. Kept here rather than as methods of the enums: the words are the settings'
-/// vocabulary, not the engine's.
-pub const LOG_STORE_WORDS: &[(&str, LogStoreKind)] = &[
-    ("memory", LogStoreKind::Memory),
-    ("sqlite", LogStoreKind::Sqlite),
-    ("postgres", LogStoreKind::Postgres),
-    ("clickhouse", LogStoreKind::ClickHouse),
-];
-
-/// The word `words` binds to `variant`, for messages that name a setting's value.
-pub fn word_of<T: PartialEq>(words: &[(&'static str, T)], variant: T) -> &'static str {
-    words
-        .iter()
-        .find(|(_, v)| *v == variant)
-        .map_or("?", |(word, _)| word)
-}
-
-/// The variant each word of [`SHEAF_QUEUE`](super::table::QUEUE) names (see [`LOG_STORE_WORDS`]).
-pub const QUEUE_WORDS: &[(&str, QueueKind)] = &[
-    ("memory", QueueKind::Memory),
-    ("sqlite", QueueKind::Sqlite),
-    ("postgres", QueueKind::Postgres),
-];
-
-/// The variant each word of [`SHEAF_SQLITE_SYNC`](super::table::SQLITE_SYNC) names (see
-/// [`LOG_STORE_WORDS`]).
-pub const SQLITE_SYNC_WORDS: &[(&str, SqliteSync)] =
-    &[("normal", SqliteSync::Normal), ("full", SqliteSync::Full)];
-
-/// The variant each word of [`SHEAF_LOG_FORMAT`](super::table::LOG_FORMAT) names (see
-/// [`LOG_STORE_WORDS`]).
+/// list (the order the docs show) cannot swap them; a test checks that the two lists hold the
+/// same words. The store settings' words are the engine's (`sheaf_engine::LogStoreKind::WORDS`
+/// and the like), checked by the same test.
 pub const LOG_FORMAT_WORDS: &[(&str, LogFormat)] =
     &[("text", LogFormat::Text), ("json", LogFormat::Json)];
 

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
+use sheaf_engine::SettingError;
+
 use super::ConfigError;
 use super::names::{RENAMED, is_not_a_setting, unknown_key, unknown_variable};
 use super::table::{CONFIG_FILE, Kind, SETTINGS, Setting};
@@ -115,6 +117,40 @@ impl Values {
                 )
             })
     }
+}
+
+/// The engine reads its store settings by name ([`sheaf_engine::StoreConfig::from_settings`]);
+/// each is found in the table, which checks the value against the setting's kind and bounds.
+impl sheaf_engine::SettingSource for Values {
+    fn text(&self, name: &'static str) -> Result<Option<String>, SettingError> {
+        Ok(self.get(in_table(name)?))
+    }
+
+    fn word(&self, name: &'static str) -> Result<Option<String>, SettingError> {
+        let setting = in_table(name)?;
+        match self.get(setting) {
+            Some(raw) => Ok(Some(parse_choice(setting, &raw).map_err(back)?.to_owned())),
+            None => Ok(None),
+        }
+    }
+
+    fn integer(&self, name: &'static str) -> Result<u64, SettingError> {
+        self.int(in_table(name)?).map_err(back)
+    }
+}
+
+/// The table's refusal, handed to the engine (which hands it back as the same [`ConfigError`]).
+fn back(e: ConfigError) -> SettingError {
+    SettingError::new(&e.setting, e.message)
+}
+
+/// The table's entry for `name`: a name the engine reads and the table lacks is a mistake its
+/// tests catch (every default loads).
+fn in_table(name: &str) -> Result<&'static Setting, SettingError> {
+    SETTINGS
+        .iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| SettingError::new(name, "is not in the settings table"))
 }
 
 /// The deprecation warnings of the settings `env` gives (see [`Values::gather`]): one line per

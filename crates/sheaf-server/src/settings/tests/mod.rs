@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use sheaf_cdc::{BatchingPolicy, PublicationTables};
 
+use sheaf_engine::{EntityHome, LogStoreKind, QueueKind};
+
 use super::*;
 
 mod names;
@@ -21,26 +23,26 @@ fn defaults_load() {
     let config = Config::load(HashMap::new()).unwrap();
     assert_eq!(config.listen.to_string(), "127.0.0.1:8470");
     // Every store in the SQLite file, unless the log store is told otherwise.
-    assert_eq!(config.engine.log_store, LogStoreKind::Sqlite);
-    assert_eq!(config.engine.queue, QueueKind::Sqlite);
-    assert_eq!(config.engine.entity_home(), EntityHome::Sqlite);
+    assert_eq!(config.engine.stores.log, LogStoreKind::Sqlite);
+    assert_eq!(config.engine.stores.queue, QueueKind::Sqlite);
+    assert_eq!(config.engine.stores.entity_home(), EntityHome::Sqlite);
     assert_eq!(
-        config.engine.sqlite_max_size, None,
+        config.engine.stores.sqlite.max_size, None,
         "no size limit by default"
     );
     let capped = Config::load(env(&[("SHEAF_SQLITE_MAX_SIZE_MIB", "64")])).unwrap();
-    assert_eq!(capped.engine.sqlite_max_size, Some(64 << 20));
+    assert_eq!(capped.engine.stores.sqlite.max_size, Some(64 << 20));
     assert_eq!(config.engine.retry.schedule.len(), 5);
     // The memory log alone brings the memory queue along; a log on a server keeps it too.
     let memory = Config::load(env(&[("SHEAF_LOG_STORE", "memory")])).unwrap();
-    assert_eq!(memory.engine.queue, QueueKind::Memory);
-    assert_eq!(memory.engine.entity_home(), EntityHome::Memory);
+    assert_eq!(memory.engine.stores.queue, QueueKind::Memory);
+    assert_eq!(memory.engine.stores.entity_home(), EntityHome::Memory);
     let clickhouse = Config::load(env(&[
         ("SHEAF_LOG_STORE", "clickhouse"),
         ("SHEAF_CLICKHOUSE_URL", "http://127.0.0.1:8123"),
     ]))
     .unwrap();
-    assert_eq!(clickhouse.engine.queue, QueueKind::Memory);
+    assert_eq!(clickhouse.engine.stores.queue, QueueKind::Memory);
     // A Postgres queue needs a shared log store: neither this process's memory nor its file.
     for log_store in ["memory", "sqlite"] {
         let err = Config::load(env(&[

@@ -4,6 +4,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use sheaf_engine::backends::SqliteSync;
+use sheaf_engine::{LogStoreKind, QueueKind};
+
 use super::super::*;
 use super::env;
 
@@ -50,7 +53,7 @@ fn variables_without_the_prefix_are_not_settings_and_are_ignored() {
     ]))
     .unwrap();
     assert_eq!(
-        config.engine.log_store,
+        config.engine.stores.log,
         LogStoreKind::Sqlite,
         "the default, untouched"
     );
@@ -235,10 +238,38 @@ fn every_word_of_a_choice_maps_to_its_variant_by_name() {
             assert_eq!(values.choice_of(setting, variants).unwrap(), *variant);
         }
     }
-    check(&table::LOG_STORE, names::LOG_STORE_WORDS);
-    check(&table::QUEUE, names::QUEUE_WORDS);
+    check(&table::LOG_STORE, LogStoreKind::WORDS);
+    check(&table::QUEUE, QueueKind::WORDS);
     check(&table::LOG_FORMAT, names::LOG_FORMAT_WORDS);
-    check(&table::SQLITE_SYNC, names::SQLITE_SYNC_WORDS);
+    check(&table::SQLITE_SYNC, SqliteSync::WORDS);
+    // The store words are read by the engine: each loads as the engine's own variant.
+    let servers = [
+        ("SHEAF_POSTGRES_URL", "postgres://sheaf@127.0.0.1/sheaf"),
+        ("SHEAF_CLICKHOUSE_URL", "http://127.0.0.1:8123"),
+    ];
+    for (word, log) in LogStoreKind::WORDS {
+        let config = Config::load(env(&[
+            servers[0],
+            servers[1],
+            ("SHEAF_LOG_STORE", word),
+            ("SHEAF_QUEUE", "memory"),
+        ]))
+        .unwrap();
+        assert_eq!(config.engine.stores.log, *log, "{word}");
+    }
+    for (word, queue) in QueueKind::WORDS {
+        let config = Config::load(env(&[
+            servers[0],
+            ("SHEAF_LOG_STORE", word),
+            ("SHEAF_QUEUE", word),
+        ]))
+        .unwrap();
+        assert_eq!(config.engine.stores.queue, *queue, "{word}");
+    }
+    for (word, sync) in SqliteSync::WORDS {
+        let config = Config::load(env(&[("SHEAF_SQLITE_SYNC", word)])).unwrap();
+        assert_eq!(config.engine.stores.sqlite.sync, *sync, "{word}");
+    }
     // Every one-of setting is checked above.
     let choices = SETTINGS
         .iter()
@@ -258,7 +289,7 @@ fn a_word_is_read_as_its_own_variant_whatever_the_list_order() {
         ("SHEAF_LOG_FORMAT", "json"),
     ]))
     .unwrap();
-    assert_eq!(config.engine.log_store, LogStoreKind::ClickHouse);
+    assert_eq!(config.engine.stores.log, LogStoreKind::ClickHouse);
     assert_eq!(config.log_format, LogFormat::Json);
     // The same words against a list in another order: the binding, not the position, decides.
     const REORDERED: Setting = Setting {
@@ -267,9 +298,7 @@ fn a_word_is_read_as_its_own_variant_whatever_the_list_order() {
     };
     let values = Values::gather(env(&[("SHEAF_LOG_STORE", "memory")])).unwrap();
     assert_eq!(
-        values
-            .choice_of(&REORDERED, names::LOG_STORE_WORDS)
-            .unwrap(),
+        values.choice_of(&REORDERED, LogStoreKind::WORDS).unwrap(),
         LogStoreKind::Memory
     );
     let err = Config::load(env(&[("SHEAF_LOG_STORE", "cassandra")])).unwrap_err();
