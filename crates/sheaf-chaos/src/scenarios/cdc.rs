@@ -225,10 +225,19 @@ async fn scenario(
         "from sheaf b listening until every committed change was delivered",
     );
 
-    // The log holds one event per change.
-    let logged = api
-        .list_all(&b.base(), &format!("/api/v1/tenants/{TENANT}/events"))
-        .await?;
+    // The log holds one event per change. Delivered is not yet searchable: the log shipper
+    // moves the outbox to the log store once a second, so the listing is read again until it
+    // holds every change or a bound passes.
+    let listing = format!("/api/v1/tenants/{TENANT}/events");
+    let shipped_by = Instant::now() + Duration::from_secs(30);
+    let logged = loop {
+        let logged = api.list_all(&b.base(), &listing).await?;
+        let ids = logged.iter().filter_map(|e| e["id"].as_str());
+        if ids.collect::<HashSet<_>>().len() >= expected.len() || Instant::now() >= shipped_by {
+            break logged;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let distinct: HashSet<&str> = logged.iter().filter_map(|e| e["id"].as_str()).collect();
     report.note(
         "events in the log store",

@@ -133,15 +133,23 @@ async fn the_outbox_bound_refuses_publishes_while_the_log_store_lags() {
         let answer = client.publish("outbox", id, json!({})).await;
         assert_eq!(answer.status, 202, "{answer:?}");
     }
-    // The housekeeping task counts the outbox every 2 s.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The housekeeping task counts the outbox every 2 s; on a loaded machine a round may come
+    // late, so the bound on waiting is generous, and a miss says what the process saw.
+    let deadline = Instant::now() + Duration::from_secs(30);
     let refused = loop {
         let answer = client.publish("outbox", "o-late", json!({})).await;
         if answer.status == 503 {
             break answer;
         }
         assert_eq!(answer.status, 202, "{answer:?}");
-        assert!(Instant::now() < deadline, "never refused");
+        if Instant::now() >= deadline {
+            panic!(
+                "never refused: sheaf_pending_events {}, events shipped {}, shipment failures {}",
+                client.metric("sheaf_pending_events").await,
+                client.metric("sheaf_events_shipped_total").await,
+                client.metric("sheaf_shipment_failures_total").await,
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(refused.error_code(), "overloaded");
