@@ -2,6 +2,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod guard;
+pub mod signing;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
@@ -11,20 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use sheaf_store::{DestinationId, EventId, Secret, TenantId, Timestamp};
 
-/// The prefix of every Sheaf signing secret (Standard Webhooks' convention).
-pub const SECRET_PREFIX: &str = "whsec_";
-
-/// A fresh signing secret: `whsec_` and the base64 of 32 random bytes (Standard Webhooks asks
-/// for 24 to 64 bytes of key). Every destination has one, whatever its type; the types that
-/// sign their messages sign with it.
-pub fn generate_secret() -> Secret {
-    let key: [u8; 32] = rand::random();
-    let text = base64::engine::general_purpose::STANDARD.encode(key);
-    Secret::new(format!("{SECRET_PREFIX}{text}")).expect("a non-empty secret")
-}
+pub use signing::{SECRET_PREFIX, generate_secret};
 
 /// One delivery: an event, to one destination, now.
 #[derive(Debug, Clone, Copy)]
@@ -356,6 +346,7 @@ mod tests {
     fn secrets_carry_the_prefix_and_32_bytes() {
         let secret = generate_secret();
         let rest = secret.expose().strip_prefix(SECRET_PREFIX).unwrap();
+        use base64::Engine as _;
         let key = base64::engine::general_purpose::STANDARD
             .decode(rest)
             .unwrap();

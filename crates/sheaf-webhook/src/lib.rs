@@ -14,7 +14,7 @@ use sheaf_destination::{ConfigError, ConfigReader, DestinationType, Message, Rep
 
 pub use guard::{UrlRefused, check_url};
 pub use send::parse_retry_after;
-pub use sign::sign;
+pub use sign::{Signer, sign};
 
 /// Header names a destination's custom headers may not set: the signature's and the body's.
 pub const RESERVED_HEADERS: [&str; 5] = [

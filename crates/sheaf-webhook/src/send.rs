@@ -25,7 +25,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sheaf_destination::{MAX_RESPONSE_EXCERPT, Message, Report, Verdict};
 
 use crate::guard::{GuardedResolver, check_literal, check_url};
-use crate::sign::sign;
+use crate::sign::Signer;
 use crate::{SetupError, WebhookSettings};
 
 /// Sends webhooks. One per process: it holds the connection pool.
@@ -33,6 +33,8 @@ use crate::{SetupError, WebhookSettings};
 pub(crate) struct Sender {
     client: reqwest::Client,
     guard: Guard,
+    /// Shared by the clones: the Ed25519 key pairs read so far.
+    signer: std::sync::Arc<Signer>,
 }
 
 /// Where the private-destination guard looks, if anywhere.
@@ -92,13 +94,14 @@ impl Sender {
                 .build()
                 .map_err(|e| SetupError::Client(e.to_string()))?,
             guard,
+            signer: std::sync::Arc::default(),
         })
     }
 
     /// POSTs the message's payload to `url`, signed with its secrets.
     pub(crate) async fn deliver(&self, url: &str, message: &Message<'_>) -> Report {
         let timestamp = message.timestamp.as_micros().div_euclid(1_000_000);
-        let signature = sign(
+        let signature = self.signer.sign(
             message.secrets,
             message.event_id.as_str(),
             timestamp,

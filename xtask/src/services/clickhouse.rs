@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 pub const PYTHON_REQUIREMENTS: &[&str] = &[
     "chdb-core==26.9.0",
     "standardwebhooks==1.1.0",
+    // Verifies Ed25519 (`v1a`) signatures in the service's tests, independently of Sheaf.
+    "cryptography==44.0.0",
     "schemathesis==4.32.5",
 ];
 

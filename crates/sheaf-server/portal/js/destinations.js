@@ -1,6 +1,7 @@
-// #/destinations: the tenant's destinations; create a webhook, edit it, enable or disable it,
-// rotate its secret, delete it after a confirmation in the page. A signing secret is shown once,
-// right after it is made, in a box the reader dismisses.
+// #/destinations: the tenant's destinations; create a webhook (signed with an HMAC secret or an
+// Ed25519 key), edit it, enable or disable it, rotate its key, delete it after a confirmation in
+// the page. An HMAC secret is shown once, right after it is made, in a box the reader dismisses;
+// an Ed25519 destination's public key can be shown at any time (it verifies, it cannot sign).
 
 import * as api from './api.js';
 import { chartCard } from './chart.js';
@@ -8,8 +9,13 @@ import {
   h, replace, alertBox, loading, emptyState, button, whileBusy, field, badge,
 } from './ui.js';
 
-/** The signing secret in a destination (or a rotation's answer). */
-const secretOf = (d) => d?.credentials?.secret ?? d?.secret ?? '';
+/** The signing secret in a destination (or a rotation's answer); empty for an Ed25519 key. */
+const secretOf = (d) => d?.credentials?.secret ?? '';
+
+/** The public key of a destination signing with Ed25519, else null. */
+const publicKeyOf = (d) => d?.credentials?.public_key ?? null;
+
+const SIGNING = [['hmac-sha256', 'HMAC-SHA256 (shared secret)'], ['ed25519', 'Ed25519 (public key)']];
 
 const parseTopics = (text) => text.split(/[\s,]+/).map((t) => t.trim()).filter(Boolean);
 
@@ -27,6 +33,25 @@ export function render(root, { signal }) {
         button('Copy', (e) => copy(e.currentTarget, secret), { class: 'btn small' }),
         button('Dismiss', () => notice.replaceChildren(),
           { class: 'btn small', testid: 'secret-dismiss' }))));
+  }
+
+  function showPublicKey(title, key) {
+    replace(notice, h('div', { class: 'card secret-box', testid: 'public-key-box', role: 'status' },
+      h('h3', {}, title),
+      h('p', {}, 'Deliveries carry a v1a Ed25519 signature in webhook-signature: verify it with this ',
+        'public key. It cannot sign, so it may be shared or published.'),
+      h('code', { class: 'secret', testid: 'public-key-value' }, key),
+      h('div', { class: 'actions' },
+        button('Copy', (e) => copy(e.currentTarget, key), { class: 'btn small' }),
+        button('Dismiss', () => notice.replaceChildren(),
+          { class: 'btn small', testid: 'public-key-dismiss' }))));
+  }
+
+  /** A new key's box: the secret once, or the public key. */
+  function showKey(title, d) {
+    const key = publicKeyOf(d);
+    if (key) showPublicKey(title.replace('signing secret', 'public key'), key);
+    else showSecret(title, secretOf(d));
   }
 
   async function load() {
@@ -59,7 +84,9 @@ export function render(root, { signal }) {
         : badge('disabled', 'off', 'destination-status'),
       d.disabled_reason ? h('span', { class: 'muted small block' }, d.disabled_reason.reason) : null);
       replace(tr,
-        h('td', {}, h('span', { class: 'type' }, d.type)),
+        h('td', {}, h('span', { class: 'type' }, d.type),
+          h('span', { class: 'muted small block', testid: 'destination-signing' },
+            d.credentials?.algorithm ?? '')),
         h('td', { class: 'url' }, h('code', { testid: 'destination-url' }, d.config?.url ?? ''),
           h('span', { class: 'muted small block mono' }, d.id)),
         h('td', { testid: 'destination-topics' }, d.topics.map((t) => h('span', { class: 'chip' }, t))),
@@ -75,9 +102,11 @@ export function render(root, { signal }) {
           d = await api.setDestinationEnabled(d.id, !d.enabled, { signal });
           fill();
         }), { class: 'btn small', testid: 'destination-toggle' }),
-        button('Rotate secret', (e) => act(e.currentTarget, async () => {
+        publicKeyOf(d) ? button('Public key', () => showPublicKey('Public key', publicKeyOf(d)),
+          { class: 'btn small', testid: 'destination-public-key' }) : null,
+        button(publicKeyOf(d) ? 'Rotate key' : 'Rotate secret', (e) => act(e.currentTarget, async () => {
           const rotated = await api.rotateSecret(d.id, { signal });
-          showSecret('New signing secret', secretOf(rotated));
+          showKey('New signing secret', rotated);
           if (rotated && rotated.id === d.id) d = rotated;
           fill();
         }), { class: 'btn small', testid: 'destination-rotate' }),
@@ -142,22 +171,28 @@ export function render(root, { signal }) {
       type: 'url', required: true, placeholder: 'https://example.com/webhooks', testid: 'create-url',
     });
     const topics = h('input', { type: 'text', required: true, value: '*', testid: 'create-topics' });
+    const signing = h('select', { testid: 'create-signing' }, SIGNING.map(([value, label]) =>
+      h('option', { value }, label)));
     const submit = h('button', { type: 'submit', class: 'btn primary', testid: 'create-submit' }, 'Add webhook');
     const message = h('div', { 'aria-live': 'polite' });
     const form = h('form', { class: 'card create-form', testid: 'create-form' },
       h('h2', {}, 'New webhook'),
       h('div', { class: 'row' }, field('URL', url),
         field('Topics', topics, 'Comma-separated exact topics, or * alone for every topic'),
+        field('Signing', signing),
         h('div', { class: 'field field-submit' }, submit)), message);
     form.addEventListener('submit', async (e) => {
       e.preventDefault();
       message.replaceChildren();
       try {
         const created = await whileBusy(submit, () => api.createDestination({
-          type: 'webhook', topics: parseTopics(topics.value), config: { url: url.value.trim() },
+          type: 'webhook',
+          topics: parseTopics(topics.value),
+          config: { url: url.value.trim() },
+          signing: { algorithm: signing.value },
         }, { signal }));
         url.value = '';
-        showSecret('Webhook created: its signing secret', secretOf(created));
+        showKey('Webhook created: its signing secret', created);
         load();
       } catch (error) {
         if (error.name !== 'AbortError') replace(message, alertBox(error, 'create-error'));

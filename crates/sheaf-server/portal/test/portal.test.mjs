@@ -337,6 +337,28 @@ const steps = [
     expect(await page.getByTestId('admin-badge').isVisible(), 'the header says admin key');
     await shot(page, '09-admin.png');
   }],
+
+  ['j. an Ed25519 webhook shows its public key, and again on demand', async () => {
+    await page.getByTestId('create-url').fill(HOOK_URL);
+    await page.getByTestId('create-topics').fill('order.shipped');
+    await page.getByTestId('create-signing').selectOption('ed25519');
+    await page.getByTestId('create-submit').click();
+    const shown = await page.getByTestId('public-key-value').textContent();
+    expect(/^whpk_/.test(shown), `a public key: ${shown}`);
+    const listed = (await apiOk('GET', `/api/v1/tenants/${TENANT_A}/destinations`)).items
+      .find((d) => d.credentials.algorithm === 'ed25519');
+    expect(listed && listed.credentials.public_key === shown, 'the key the API shows');
+    expect(listed.credentials.secret === null, 'no secret for an Ed25519 key');
+    await shot(page, '10-ed25519-public-key.png');
+    await page.getByTestId('public-key-dismiss').click();
+    await page.getByTestId('public-key-box').waitFor({ state: 'detached' });
+    const row = page.locator(`[data-testid=destination-row][data-id="${listed.id}"]`);
+    await row.waitFor();
+    expect(await row.getByTestId('destination-signing').textContent() === 'ed25519', 'the row names the algorithm');
+    await row.getByTestId('destination-public-key').click();
+    expect(await page.getByTestId('public-key-value').textContent() === shown, 'shown again');
+    expect(!(await page.textContent('body')).includes('whsk_'), 'no private key in the page');
+  }],
 ];
 
 for (const [name, body] of steps) {

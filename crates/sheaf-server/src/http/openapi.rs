@@ -21,6 +21,7 @@ use crate::http::limits::{MAX_CUSTOM_HEADERS, MAX_TOPICS};
 use crate::http::routes::routes;
 use crate::settings::Config;
 use sheaf_destination::Registry;
+use sheaf_destination::signing::SigningAlgorithm;
 
 /// A tenant id as the server accepts it (`sheaf_store::TenantId`, without `.` and `..`, which
 /// cannot be path segments).
@@ -168,11 +169,36 @@ fn destination_input(destinations: &Registry) -> Value {
                 "rate_limit": { "anyOf": [{ "type": "object", "required": ["per_second"], "additionalProperties": false, "properties": { "per_second": { "type": "integer", "minimum": 1, "maximum": 10000 } } }, { "type": "null" }], "description": "Deliveries started per second, across every process" },
                 "config": kind.config_schema(),
                 "headers": headers_schema(&reserved),
-                "enabled": { "type": "boolean", "default": true }
+                "enabled": { "type": "boolean", "default": true },
+                "signing": signing_schema("How deliveries are signed; absent: hmac-sha256")
             }
         })
     };
     json!({ "oneOf": destinations.iter().map(one).collect::<Vec<_>>() })
+}
+
+/// `{"algorithm": …}` of a destination's input.
+fn signing_schema(description: &str) -> Value {
+    let words: Vec<&str> = SigningAlgorithm::ALL.iter().map(|(w, _)| *w).collect();
+    json!({
+        "type": "object",
+        "required": ["algorithm"],
+        "additionalProperties": false,
+        "properties": { "algorithm": { "enum": words } },
+        "description": description
+    })
+}
+
+/// The properties of one signing key as a destination shows it (an HMAC secret itself, an
+/// Ed25519 key by its public half), and `extra` besides.
+fn signing_key_properties(extra: (&str, Value)) -> Map<String, Value> {
+    let words: Vec<&str> = SigningAlgorithm::ALL.iter().map(|(w, _)| *w).collect();
+    let mut properties = Map::new();
+    properties.insert("algorithm".to_owned(), json!({ "enum": words }));
+    properties.insert("secret".to_owned(), json!({ "type": ["string", "null"], "description": "hmac-sha256: whsec_ and the base64 of the key, which the receiver verifies with; ed25519: null (the private key never leaves Sheaf)" }));
+    properties.insert("public_key".to_owned(), json!({ "type": ["string", "null"], "description": "ed25519: whpk_ and the base64 of the public key, which verifies v1a signatures and may be published; hmac-sha256: null" }));
+    properties.insert(extra.0.to_owned(), extra.1);
+    properties
 }
 
 fn schemas(config: &Config, destinations: &Registry) -> Value {
@@ -280,7 +306,8 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                     "description": "Replaces the whole config; it must be one the destination's type takes. A `url` whose password is `***` keeps the stored password (same scheme, user, host and port only)"
                 },
                 "headers": headers_schema(&destinations.reserved_headers()),
-                "enabled": { "type": "boolean" }
+                "enabled": { "type": "boolean" },
+                "signing": signing_schema("Another algorithm than the current key's rotates to a fresh key of it (the old one keeps signing for SHEAF_SECRET_ROTATION_GRACE); the same one changes nothing")
             }
         },
         "Destination": {
@@ -308,14 +335,13 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "consecutive_failures": { "type": "integer", "minimum": 0 },
                 "credentials": {
                     "type": "object",
-                    "required": ["secret", "previous_secret"],
-                    "properties": {
-                        "secret": { "type": "string", "description": "whsec_ and base64 of the key" },
-                        "previous_secret": {
-                            "type": ["object", "null"],
-                            "properties": { "secret": { "type": "string" }, "expires_at": timestamp }
-                        }
-                    }
+                    "required": ["algorithm", "secret", "public_key", "previous_secret"],
+                    "properties": signing_key_properties(("previous_secret", json!({
+                        "type": ["object", "null"],
+                        "description": "The key that signs beside the current one until expires_at, after a rotation",
+                        "required": ["algorithm", "secret", "public_key", "expires_at"],
+                        "properties": signing_key_properties(("expires_at", timestamp.clone()))
+                    })))
                 },
                 "created_at": timestamp,
                 "updated_at": timestamp

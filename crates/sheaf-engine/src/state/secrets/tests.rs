@@ -164,6 +164,53 @@ fn broker_destination(tenant: &TenantId, url: &str) -> Destination {
     }
 }
 
+/// An Ed25519 private key (`whsk_…`) is a signing key like an HMAC secret: sealed in the store,
+/// current and previous alike, and opened as it was for the signer.
+#[tokio::test]
+async fn an_ed25519_private_key_is_sealed_like_a_secret() {
+    let raw: Arc<dyn EntityStore> = Arc::new(MemoryEntityStore::new());
+    let store = SealedEntityStore::new(Arc::clone(&raw), Some(key()));
+    let tenant = TenantId::new("acme").unwrap();
+    store
+        .upsert_tenant(&tenant, &Default::default())
+        .await
+        .unwrap();
+    let private = Secret::new("whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=").unwrap();
+    let mut d = broker_destination(&tenant, "amqp://127.0.0.1:5672/%2f");
+    d.secret = private.clone();
+    store.create_destination(&d).await.unwrap();
+    let stored = raw.get_destination(&tenant, &d.id).await.unwrap().unwrap();
+    assert!(
+        stored.secret.expose().starts_with(SEALED_PREFIX),
+        "{}",
+        stored.secret.expose()
+    );
+    assert!(!stored.secret.expose().contains("nWGxne"));
+    let read = store
+        .get_destination(&tenant, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.secret, private);
+    // Rotated: the new key and the previous one both sealed, both opened.
+    let next = Secret::new("whsk_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=").unwrap();
+    store
+        .rotate_secret(&tenant, &d.id, &next, Timestamp::now())
+        .await
+        .unwrap();
+    let stored = raw.get_destination(&tenant, &d.id).await.unwrap().unwrap();
+    let previous = stored.previous_secret.as_ref().unwrap();
+    assert!(!stored.secret.expose().contains("whsk_"));
+    assert!(!previous.secret.expose().contains("whsk_"));
+    let read = store
+        .get_destination(&tenant, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.secret, next);
+    assert_eq!(read.previous_secret.unwrap().secret, private);
+}
+
 #[tokio::test]
 async fn a_url_password_is_sealed_in_the_store_and_opened_for_the_engine() {
     let raw: Arc<dyn EntityStore> = Arc::new(MemoryEntityStore::new());

@@ -1,4 +1,5 @@
-//! Destinations: create, list, read, change, enable and disable, delete, rotate the secret.
+//! Destinations: create, list, read, change, enable and disable, delete, rotate the signing key
+//! (an HMAC secret or an Ed25519 key pair).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,13 +12,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sheaf_store::{
     Destination, DestinationId, DestinationKind, DestinationPatch, DisabledReason, Filter,
-    RateLimit, Timestamp, Topics,
+    RateLimit, Secret, Timestamp, Topics,
 };
 
 use crate::http::error::ApiError;
 use crate::http::extract::App;
 use crate::http::extract::{ApiJson, ApiPath, AppState};
-use sheaf_destination::{ConfigError, DestinationType, Registry, generate_secret};
+use sheaf_destination::signing::{SigningAlgorithm, public_key};
+use sheaf_destination::{ConfigError, DestinationType, Registry};
 use sheaf_engine::url_password;
 
 use crate::http::limits::{
@@ -45,15 +47,57 @@ fn destination_json(d: &Destination) -> Value {
             "automatic": r.automatic,
         })),
         "consecutive_failures": d.consecutive_failures,
-        "credentials": {
-            "secret": d.secret.expose(),
-            "previous_secret": d.previous_secret.as_ref().map(|p| json!({
-                "secret": p.secret.expose(),
-                "expires_at": p.expires_at,
-            })),
-        },
+        "credentials": credentials_json(d),
         "created_at": d.created_at,
         "updated_at": d.updated_at,
+    })
+}
+
+/// How a destination signs, and what its receiver verifies with: an HMAC secret is shared, so
+/// it is shown as it is; an Ed25519 private key never leaves Sheaf, and its public key is
+/// shown in its place (it may be published: it cannot sign).
+fn credentials_json(d: &Destination) -> Value {
+    fn key(secret: &Secret) -> Value {
+        match SigningAlgorithm::of(secret) {
+            SigningAlgorithm::HmacSha256 => json!({
+                "algorithm": SigningAlgorithm::HmacSha256.as_str(),
+                "secret": secret.expose(),
+                "public_key": null,
+            }),
+            SigningAlgorithm::Ed25519 => json!({
+                "algorithm": SigningAlgorithm::Ed25519.as_str(),
+                "secret": null,
+                "public_key": public_key(secret),
+            }),
+        }
+    }
+    let mut credentials = key(&d.secret);
+    credentials["previous_secret"] = match &d.previous_secret {
+        Some(previous) => {
+            let mut shown = key(&previous.secret);
+            shown["expires_at"] = json!(previous.expires_at);
+            shown
+        }
+        None => Value::Null,
+    };
+    credentials
+}
+
+/// `{"algorithm": "hmac-sha256" | "ed25519"}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SigningInput {
+    algorithm: String,
+}
+
+fn check_signing(input: SigningInput) -> Result<SigningAlgorithm, ApiError> {
+    SigningAlgorithm::parse(&input.algorithm).ok_or_else(|| {
+        let words: Vec<&str> = SigningAlgorithm::ALL.iter().map(|(w, _)| *w).collect();
+        ApiError::invalid(format!(
+            "signing.algorithm must be one of {}, got {:?}",
+            words.join(", "),
+            input.algorithm
+        ))
     })
 }
 
@@ -72,6 +116,9 @@ pub(crate) struct DestinationInput {
     headers: BTreeMap<String, String>,
     #[serde(default, deserialize_with = "not_null")]
     enabled: Option<bool>,
+    /// Absent: HMAC-SHA256.
+    #[serde(default, deserialize_with = "not_null")]
+    signing: Option<SigningInput>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +139,9 @@ pub(crate) struct DestinationPatchInput {
     headers: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "not_null")]
     enabled: Option<bool>,
+    /// Another algorithm rotates to a fresh key of it; the same one changes nothing.
+    #[serde(default, deserialize_with = "not_null")]
+    signing: Option<SigningInput>,
 }
 
 /// An optional field that, when given, must be a value: `null` is refused ("invalid type: null,
@@ -248,6 +298,11 @@ pub(crate) async fn create_destination(
     let filter = check_filter(input.filter)?;
     let rate_limit = check_rate_limit(input.rate_limit)?;
     check_headers(&input.headers, app.engine.destination_types())?;
+    let signing = input
+        .signing
+        .map(check_signing)
+        .transpose()?
+        .unwrap_or(SigningAlgorithm::HmacSha256);
     let config = checked_config(kind_impl, &input.config, None).await?;
     let now = Timestamp::now();
     let destination = Destination {
@@ -262,7 +317,7 @@ pub(crate) async fn create_destination(
         enabled: input.enabled.unwrap_or(true),
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
         consecutive_failures: 0,
-        secret: generate_secret(),
+        secret: signing.generate(),
         previous_secret: None,
         created_at: now,
         updated_at: now,
@@ -300,9 +355,30 @@ async fn apply_patch(
     dest: &str,
     patch: DestinationPatch,
 ) -> ApiResult {
+    apply_patch_signing(app, raw, dest, patch, None).await
+}
+
+/// Applies `patch`, then, when `signing` names an algorithm other than the current key's,
+/// rotates to a fresh key of it: the old key keeps signing beside the new one for
+/// `SHEAF_SECRET_ROTATION_GRACE`, as for any rotation.
+async fn apply_patch_signing(
+    app: &Arc<App>,
+    raw: String,
+    dest: &str,
+    patch: DestinationPatch,
+    signing: Option<SigningAlgorithm>,
+) -> ApiResult {
     let (tenant, id) = existing_destination(app, raw, dest).await?;
     not_operator_tenant(&tenant)?;
-    let updated = app.engine.update_destination(&tenant, &id, &patch).await?;
+    let mut updated = app.engine.update_destination(&tenant, &id, &patch).await?;
+    if let Some(algorithm) = signing
+        && SigningAlgorithm::of(&updated.secret) != algorithm
+    {
+        updated = app
+            .engine
+            .rotate_secret(&tenant, &id, &algorithm.generate())
+            .await?;
+    }
     Ok(Json(destination_json(&updated)).into_response())
 }
 
@@ -314,6 +390,7 @@ pub(crate) async fn patch_destination(
     let topics = input.topics.map(check_topics).transpose()?;
     let filter = input.filter.map(check_filter).transpose()?;
     let rate_limit = input.rate_limit.map(check_rate_limit).transpose()?;
+    let signing = input.signing.map(check_signing).transpose()?;
     if let Some(headers) = &input.headers {
         check_headers(headers, app.engine.destination_types())?;
     }
@@ -341,7 +418,7 @@ pub(crate) async fn patch_destination(
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };
-    apply_patch(&app, raw, &dest, patch).await
+    apply_patch_signing(&app, raw, &dest, patch, signing).await
 }
 
 pub(crate) async fn enable_destination(
@@ -374,9 +451,19 @@ pub(crate) async fn rotate_secret(
 ) -> ApiResult {
     let (tenant, id) = existing_destination(&app, raw, &dest).await?;
     not_operator_tenant(&tenant)?;
+    // A fresh key of the algorithm the destination signs with now.
+    let current = app
+        .engine
+        .destination(&tenant, &id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("destination {id} does not exist")))?;
     let rotated = app
         .engine
-        .rotate_secret(&tenant, &id, &generate_secret())
+        .rotate_secret(
+            &tenant,
+            &id,
+            &SigningAlgorithm::of(&current.secret).generate(),
+        )
         .await?;
     Ok(Json(destination_json(&rotated)).into_response())
 }
