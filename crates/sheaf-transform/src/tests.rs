@@ -187,3 +187,27 @@ fn a_compiled_program_is_shared_between_threads() {
         );
     }
 }
+
+/// The deepest shapes that fit in the size limit compile (or are refused) without overflowing
+/// a stack: on the caller's 2 MiB they would abort the test process.
+#[test]
+fn the_deepest_programs_that_fit_compile_without_crashing() {
+    let n = MAX_SOURCE_BYTES / 2 - 1;
+    let shapes = [
+        format!("{}1{}", "(".repeat(n), ")".repeat(n)),
+        format!("{}1{}", "[".repeat(n), "]".repeat(n)),
+        vec!["1"; n].join("+"),
+        vec!["."; n].join("|"),
+        format!("{}1", "-".repeat(MAX_SOURCE_BYTES - 1)),
+    ];
+    for source in shapes {
+        assert!(source.len() <= MAX_SOURCE_BYTES, "{}", source.len());
+        let compiled = Transform::compile(&source);
+        println!(
+            "{} bytes, {}…: {}",
+            source.len(),
+            &source[..8],
+            compiled.is_ok()
+        );
+    }
+}
