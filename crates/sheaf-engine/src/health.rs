@@ -302,6 +302,7 @@ pub(crate) async fn ensure_operator_destination(
         filter: None,
         rate_limit: None,
         headers: Default::default(),
+        transform: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

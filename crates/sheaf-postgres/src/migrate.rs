@@ -77,6 +77,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "replays",
         sql: include_str!("../migrations/0010_replays.sql"),
     },
+    Migration {
+        version: 11,
+        name: "destination_transform",
+        sql: include_str!("../migrations/0011_destination_transform.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -216,6 +216,11 @@ pub struct Destination {
     pub rate_limit: Option<RateLimit>,
     /// Extra HTTP headers sent with every delivery, by name.
     pub headers: BTreeMap<String, String>,
+    /// A jq program that reshapes each event into what the destination receives (or drops it);
+    /// `None`: the event's `data` as published. The service checks it compiles before saving;
+    /// the store keeps the source as given (text without NUL characters, which Postgres cannot
+    /// hold).
+    pub transform: Option<String>,
     /// Disabled destinations keep their configuration but receive nothing.
     pub enabled: bool,
     /// Why it is disabled and since when; `None` while it is enabled.
@@ -370,6 +375,8 @@ pub struct DestinationPatch {
     pub rate_limit: Option<Option<RateLimit>>,
     /// A new set of custom headers (replacing the old set whole).
     pub headers: Option<BTreeMap<String, String>>,
+    /// A new transformation (`Some(Some(_))`), or none any more (`Some(None)`).
+    pub transform: Option<Option<String>>,
     /// Enable (which clears `disabled_reason`) or disable (which sets it to the patch's
     /// `disabled_reason`).
     pub enabled: Option<bool>,
@@ -405,6 +412,9 @@ impl DestinationPatch {
         }
         if let Some(headers) = &self.headers {
             destination.headers = headers.clone();
+        }
+        if let Some(transform) = &self.transform {
+            destination.transform = transform.clone();
         }
         if let Some(enabled) = self.enabled {
             destination.enabled = enabled;

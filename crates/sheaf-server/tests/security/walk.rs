@@ -166,6 +166,7 @@ pub(super) fn stored_destination(
         filter: None,
         rate_limit: None,
         headers: Default::default(),
+        transform: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

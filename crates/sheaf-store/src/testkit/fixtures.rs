@@ -125,6 +125,7 @@ pub fn destination(tenant: &TenantId) -> Destination {
         filter: None,
         rate_limit: None,
         headers: BTreeMap::from([("x-team".to_owned(), "payments".to_owned())]),
+        transform: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

@@ -154,6 +154,7 @@ fn broker_destination(tenant: &TenantId, url: &str) -> Destination {
         filter: None,
         rate_limit: None,
         headers: Default::default(),
+        transform: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

@@ -314,6 +314,8 @@ pub(crate) async fn create_destination(
         filter,
         rate_limit,
         headers: input.headers,
+        // Transformations are not offered through the API yet (sheaf-transform).
+        transform: None,
         enabled: input.enabled.unwrap_or(true),
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
         consecutive_failures: 0,
@@ -415,6 +417,7 @@ pub(crate) async fn patch_destination(
         filter,
         rate_limit,
         headers: input.headers,
+        transform: None,
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };

@@ -1,6 +1,6 @@
-//! [`Destination::rate_limit`], [`Destination::kind`] and [`Destination::config`] conformance:
-//! each is stored as given, kept by patches that do not name it, and replaced (or cleared) by
-//! those that do.
+//! [`Destination::rate_limit`], [`Destination::transform`], [`Destination::kind`] and
+//! [`Destination::config`] conformance: each is stored as given, kept by patches that do not name
+//! it, and replaced (or cleared) by those that do.
 
 use super::entity::{check_mutation, get, make_tenant};
 use crate::testkit::fixtures::destination;
@@ -146,6 +146,79 @@ pub async fn destination_types_and_configs_are_kept_as_given(store: &dyn EntityS
         ..after_headers.clone()
     };
     check_mutation(store, &after, &expected, "replacing the config").await;
+    store
+        .delete_tenant(&tenant)
+        .await
+        .expect("delete_tenant failed");
+}
+
+/// A transformation's source comes back exactly as created (several lines, quotes, non-ASCII),
+/// a patch that does not name it keeps it, `Some(Some(_))` replaces it, `Some(None)` removes it.
+pub async fn destination_transforms_are_kept_replaced_and_cleared(store: &dyn EntityStore) {
+    let tenant = make_tenant(store, "entity-transform").await;
+    let source = "# Slack\n.data | {text: \"Bestellung \\(.id): \\(.total) €\"}\n| with_headers({\"x-a\": \"b\"})";
+    let original = Destination {
+        transform: Some(source.to_owned()),
+        ..destination(&tenant)
+    };
+    store
+        .create_destination(&original)
+        .await
+        .expect("create_destination failed");
+    let read = get(store, &tenant, &original.id).await.expect("created");
+    assert_eq!(
+        read, original,
+        "the destination as created, with its transformation"
+    );
+
+    let paid = crate::Topics::from_list(vec!["order.paid".to_owned()]).expect("a topic");
+    let topics = DestinationPatch {
+        topics: Some(paid.clone()),
+        ..Default::default()
+    };
+    let kept = store
+        .update_destination(&tenant, &original.id, &topics)
+        .await
+        .expect("patch topics");
+    let expected = Destination {
+        topics: paid,
+        ..original.clone()
+    };
+    check_mutation(
+        store,
+        &kept,
+        &expected,
+        "a patch that does not name the transformation",
+    )
+    .await;
+
+    let replace = DestinationPatch {
+        transform: Some(Some(".data".to_owned())),
+        ..Default::default()
+    };
+    let replaced = store
+        .update_destination(&tenant, &original.id, &replace)
+        .await
+        .expect("patch transform");
+    let expected = Destination {
+        transform: Some(".data".to_owned()),
+        ..kept.clone()
+    };
+    check_mutation(store, &replaced, &expected, "replacing the transformation").await;
+
+    let clear = DestinationPatch {
+        transform: Some(None),
+        ..Default::default()
+    };
+    let cleared = store
+        .update_destination(&tenant, &original.id, &clear)
+        .await
+        .expect("clear transform");
+    let expected = Destination {
+        transform: None,
+        ..replaced.clone()
+    };
+    check_mutation(store, &cleared, &expected, "removing the transformation").await;
     store
         .delete_tenant(&tenant)
         .await

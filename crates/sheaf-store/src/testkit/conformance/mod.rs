@@ -112,6 +112,7 @@ pub async fn run_entity_store(store: &dyn EntityStore) {
             entity::destination_patch_changes_only_given_fields,
             entity::destination_filters_are_kept_replaced_and_cleared,
             entity_limits::destination_rate_limits_are_kept_replaced_and_cleared,
+            entity_limits::destination_transforms_are_kept_replaced_and_cleared,
             entity_limits::destination_types_and_configs_are_kept_as_given,
             entity_health::delivery_health_disables_and_recovers,
             entity::destinations_are_tenant_scoped,
