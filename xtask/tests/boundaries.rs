@@ -222,6 +222,20 @@ fn destination_crates() -> Vec<String> {
     names
 }
 
+/// Every line of `files` that names one of `crates`, as `path:line: names crate`.
+fn lines_naming(crates: &[String], files: impl Iterator<Item = PathBuf>) -> Vec<String> {
+    let mut offences = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if let Some(name) = crates.iter().find(|c| line.contains(c.as_str())) {
+                offences.push(format!("{}:{}: names {name}", shown(&file), n + 1));
+            }
+        }
+    }
+    offences
+}
+
 #[test]
 fn the_engine_names_no_destination_type() {
     let crates = destination_crates();
@@ -231,18 +245,12 @@ fn the_engine_names_no_destination_type() {
     );
     let engine = workspace_root().join("crates/sheaf-engine/src");
     let server = workspace_root().join("crates/sheaf-server/src");
-    let mut offences = Vec::new();
     let folders = ["state", "ingest", "delivery"].map(|folder| engine.join(folder));
-    for folder in folders.iter().chain([&server]) {
-        for file in files_under(folder, &[".rs"]) {
-            let text = std::fs::read_to_string(&file).unwrap();
-            for (n, line) in text.lines().enumerate() {
-                if let Some(name) = crates.iter().find(|c| line.contains(c.as_str())) {
-                    offences.push(format!("{}:{}: names {name}", shown(&file), n + 1));
-                }
-            }
-        }
-    }
+    let files = folders
+        .iter()
+        .chain([&server])
+        .flat_map(|folder| files_under(folder, &[".rs"]));
+    let offences = lines_naming(&crates, files);
     assert!(
         offences.is_empty(),
         "the engine reaches destination types only through Core::destinations; only \
@@ -292,19 +300,11 @@ fn only_the_engine_s_backends_folder_names_a_backend_crate() {
     let engine = workspace_root().join("crates/sheaf-engine/src");
     let backends = engine.join("backends");
     let server = workspace_root().join("crates/sheaf-server/src");
-    let mut offences = Vec::new();
-    for file in files_under(&engine, &[".rs"])
+    let files = files_under(&engine, &[".rs"])
         .into_iter()
         .filter(|file| !file.starts_with(&backends))
-        .chain(files_under(&server, &[".rs"]))
-    {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for (n, line) in text.lines().enumerate() {
-            if let Some(name) = crates.iter().find(|c| line.contains(c.as_str())) {
-                offences.push(format!("{}:{}: names {name}", shown(&file), n + 1));
-            }
-        }
-    }
+        .chain(files_under(&server, &[".rs"]));
+    let offences = lines_naming(&crates, files);
     assert!(
         offences.is_empty(),
         "only sheaf-engine's src/backends/ names a store backend crate:\n{}",

@@ -25,20 +25,30 @@ except Exception as e:
 
 /// Whether `standardwebhooks` accepts the delivery under `secret`.
 pub(crate) fn verifies(python: &str, secret: &str, delivery: &Delivery) -> bool {
+    let stdout = run_python(python, VERIFY, json!({ "secret": secret }), delivery);
+    println!("standardwebhooks: {}", stdout.trim());
+    stdout.trim() == "verified"
+}
+
+/// Runs `script` with `case`, the delivery's body and its `webhook-*` headers as JSON on its
+/// standard input; returns what it printed.
+fn run_python(
+    python: &str,
+    script: &str,
+    mut case: serde_json::Value,
+    delivery: &Delivery,
+) -> String {
     let headers: serde_json::Map<String, serde_json::Value> = delivery
         .headers
         .iter()
         .filter(|(k, _)| k.as_str().starts_with("webhook-"))
         .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or(""))))
         .collect();
-    let case = json!({
-        "secret": secret,
-        "body": String::from_utf8(delivery.body.to_vec()).unwrap(),
-        "headers": headers,
-    });
+    case["body"] = json!(String::from_utf8(delivery.body.to_vec()).unwrap());
+    case["headers"] = json!(headers);
     let mut child = Command::new(python)
         .arg("-c")
-        .arg(VERIFY)
+        .arg(script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -51,14 +61,12 @@ pub(crate) fn verifies(python: &str, secret: &str, delivery: &Delivery) -> bool 
         .write_all(case.to_string().as_bytes())
         .unwrap();
     let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
         "python failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    println!("standardwebhooks: {}", stdout.trim());
-    stdout.trim() == "verified"
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 const VERIFY_ED25519: &str = r#"
@@ -84,38 +92,13 @@ print(json.dumps([verifies(k) for k in case["public_keys"]]))
 /// For each public key (`whpk_…`), whether `cryptography` verifies one of the delivery's `v1a`
 /// signatures with it.
 fn ed25519_verifies(python: &str, public_keys: &[&str], delivery: &Delivery) -> Vec<bool> {
-    let headers: serde_json::Map<String, serde_json::Value> = delivery
-        .headers
-        .iter()
-        .filter(|(k, _)| k.as_str().starts_with("webhook-"))
-        .map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap_or(""))))
-        .collect();
-    let case = json!({
-        "public_keys": public_keys,
-        "body": String::from_utf8(delivery.body.to_vec()).unwrap(),
-        "headers": headers,
-    });
-    let mut child = Command::new(python)
-        .arg("-c")
-        .arg(VERIFY_ED25519)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python starts");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(case.to_string().as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = run_python(
+        python,
+        VERIFY_ED25519,
+        json!({ "public_keys": public_keys }),
+        delivery,
     );
-    serde_json::from_slice(&output.stdout).expect("a list of booleans")
+    serde_json::from_str(&stdout).expect("a list of booleans")
 }
 
 async fn delivered(receiver: &Receiver, id: &str) -> Delivery {
