@@ -16,6 +16,7 @@ mod load;
 mod pg;
 mod plot;
 mod proc;
+mod profile;
 mod progress;
 mod report;
 mod scenarios;

@@ -100,6 +100,11 @@ impl Sheaf {
         self.process.rss_kib()
     }
 
+    /// The process's id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// CPU time the process used so far, all threads.
     pub fn cpu_time(&self) -> Option<Duration> {
         self.process.cpu_time()

@@ -18,7 +18,7 @@ use crate::load::{self, Pace};
 use crate::pg::{self, PgSchema};
 use crate::progress::Progress;
 use crate::report;
-use crate::sheaf::Sheaf;
+use crate::sheaf::{Publisher, Sheaf};
 
 use super::{Backend, Measured, PAD_BYTES, Phase, Sizes, TRACE_PERCENT_VAR};
 
@@ -178,6 +178,14 @@ pub(super) async fn run_backend(
         Some(sampler) => Some(sampler.finish(guards.1.as_ref()).await?),
         None => None,
     };
+    // Where the memory configuration's CPU goes at saturation: a third run of the saturation
+    // load under perf, after the measured phases (sampling costs CPU of its own, so it is kept
+    // out of their figures). Not under --quick.
+    let profile = if backend == Backend::Memory && !ctx.quick {
+        profile_saturation(ctx, &sheaf, &publisher, &receiver, sizes, &pad).await
+    } else {
+        None
+    };
     progress.finish();
     let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     sheaf.stop().await?;
@@ -201,7 +209,56 @@ pub(super) async fn run_backend(
         peak_rss_mib,
         queue,
         trace_exports,
+        profile,
     })
+}
+
+/// The saturation load again, with `sheaf` sampled by perf; the flame graph and its summary go
+/// to the run's output directory. `None`, said why, when perf is missing or fails.
+async fn profile_saturation(
+    ctx: &Ctx,
+    sheaf: &Sheaf,
+    publisher: &Publisher,
+    receiver: &Receiver,
+    sizes: &Sizes,
+    pad: &Arc<String>,
+) -> Option<crate::profile::Summary> {
+    let data = ctx.out_dir.join("delivery-memory.perf.data");
+    let recording = crate::profile::start(sheaf.pid(), &data)?;
+    let first = 3_000_000;
+    // Twice the saturation phase's events, for a few thousand samples.
+    let events = sizes.saturation_events * 2;
+    receiver.reset();
+    let progress = Arc::new(Progress::new(
+        "delivery: memory, profiled".to_owned(),
+        events as u64,
+    ));
+    let sent = load::publish(
+        publisher,
+        Instant::now(),
+        first,
+        events,
+        Pace::Saturate(sizes.publishers),
+        Arc::clone(pad),
+        &progress,
+    )
+    .await;
+    let accepted = events - (sent.refused + sent.errors) as usize;
+    receiver
+        .wait_for_count(accepted, Duration::from_secs(300))
+        .await;
+    progress.finish();
+    let svg = ctx.out_dir.join("delivery-memory-profile.svg");
+    match recording.finish(
+        &svg,
+        "sheaf serve, memory backends, 32 publishers at saturation",
+    ) {
+        Ok(summary) => Some(summary),
+        Err(e) => {
+            eprintln!("sheaf-bench: no profile: {e:#}");
+            None
+        }
+    }
 }
 
 pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {

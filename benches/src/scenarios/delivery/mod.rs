@@ -10,7 +10,9 @@
 //! memory backends run twice, the second time with every span exported to an OTLP sink, so
 //! tracing's cost is measured beside the run without it. On the memory backend the growth of
 //! the resident set over the saturation phase, divided by its events (all retained: fewer than
-//! the 25,000-event retention), less the payload, is the overhead per retained event.
+//! the 25,000-event retention), less the payload, is the overhead per retained event. A full
+//! run ends the memory backends with a profiled saturation run (`crate::profile`: perf, a flame
+//! graph and where the time goes), outside the measured phases.
 //!
 //! `measure.rs` runs one backend and measures it (with the queue and ClickHouse sampler of the
 //! steady phase); `report.rs` builds the tables, targets and figure from what it measured.
@@ -149,6 +151,8 @@ pub(super) struct Measured {
     pub(super) queue: Option<QueueOverTime>,
     /// With traces exported: the exports the OTLP sink received.
     pub(super) trace_exports: Option<usize>,
+    /// The memory configuration's profile at saturation (full runs, with perf).
+    pub(super) profile: Option<crate::profile::Summary>,
 }
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {

@@ -263,6 +263,33 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             traced.trace_exports.unwrap_or(0),
         ));
     }
+    if let Some(profile) = measured
+        .iter()
+        .find(|m| m.backend == Backend::Memory)
+        .and_then(|m| m.profile.as_ref())
+    {
+        let areas: Vec<String> = profile
+            .areas
+            .iter()
+            .map(|(area, share)| format!("{area} {share:.1} %"))
+            .collect();
+        let top: Vec<String> = profile
+            .top_self
+            .iter()
+            .take(10)
+            .map(|(frame, share)| format!("`{frame}` {share:.1} %"))
+            .collect();
+        report.note(format!(
+            "Where the memory configuration's CPU goes at saturation (a third saturation run, \
+             twice as long, under `perf record -e cpu-clock -F 999 --call-graph dwarf`, outside \
+             the measured phases; {} of CPU time sampled; flame graph {}): inside each area, \
+             inclusive: {}. On the CPU itself, the top frames: {}.",
+            report::millis(profile.sampled_ms),
+            profile.svg.display(),
+            areas.join("; "),
+            top.join(", ")
+        ));
+    }
     report.note(
         "Latency is from the start of the publish request to the receiver's first 2xx for that \
          event, both on the bench process's clock; publish latency is from the start of the \
