@@ -128,7 +128,8 @@ impl sheaf_engine::SettingSource for Values {
 
     fn word(&self, name: &'static str) -> Result<Option<String>, SettingError> {
         let setting = in_table(name)?;
-        match self.get(setting) {
+        // Given empty is unset, as for every optional setting.
+        match self.optional(setting) {
             Some(raw) => Ok(Some(parse_choice(setting, &raw).map_err(back)?.to_owned())),
             None => Ok(None),
         }

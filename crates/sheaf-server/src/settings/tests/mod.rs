@@ -43,6 +43,9 @@ fn defaults_load() {
     ]))
     .unwrap();
     assert_eq!(clickhouse.engine.stores.queue, QueueKind::Memory);
+    // Given empty, the queue is unset and follows the log store.
+    let empty = Config::load(env(&[("SHEAF_QUEUE", "")])).unwrap();
+    assert_eq!(empty.engine.stores.queue, QueueKind::Sqlite);
     // A Postgres queue needs a shared log store: neither this process's memory nor its file.
     for log_store in ["memory", "sqlite"] {
         let err = Config::load(env(&[
