@@ -129,7 +129,7 @@ async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
         tenant_id: job.tenant_id.clone(),
         event_id: job.event_id.clone(),
     };
-    if let Some(event) = core.fresh.get(&key).await {
+    if let Some(event) = core.fresh.get(&key) {
         Metrics::inc(&core.metrics.fresh_cache_hits);
         return Resolved::Deliver {
             topic: event.topic,
@@ -143,7 +143,7 @@ async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
             // Cached again for the log shipper, which puts the payload back into this
             // delivery's attempt within a ship interval (the outbox keeps none).
             if core.stores.outbox.is_some() {
-                core.fresh.insert(key, event.clone()).await;
+                core.fresh.insert(key, event.clone());
             }
             Resolved::Deliver {
                 topic: event.topic,

@@ -255,7 +255,7 @@ async fn publish_directly(
     if !fresh.is_empty() {
         let counts = record_and_enqueue(core, destinations, &fresh, now).await?;
         for ((i, event), jobs) in fresh.into_iter().zip(counts) {
-            core.accepted.insert(event.key(), ()).await;
+            core.accepted.insert(event.key(), ());
             results[i] = Some(Published {
                 id: event.id,
                 repeat: false,
@@ -317,7 +317,7 @@ async fn repeats_among(
         let stored: Vec<Event> = repeats.iter().map(|(_, e)| e.clone()).collect();
         let jobs = repair(core, &stored, destinations).await?;
         for ((i, event), jobs) in repeats.into_iter().zip(jobs) {
-            core.accepted.insert(event.key(), ()).await;
+            core.accepted.insert(event.key(), ());
             results[i] = Some(repeat(&event.id, jobs));
         }
     }
@@ -337,7 +337,7 @@ async fn record_and_enqueue(
     now: Timestamp,
 ) -> Result<Vec<usize>, PublishError> {
     for (_, event) in fresh {
-        core.fresh.insert(event.key(), event.clone()).await;
+        core.fresh.insert(event.key(), event.clone());
     }
     core.log_writer
         .hand_off(
@@ -433,7 +433,7 @@ async fn publish_durably(
         let (mut published, mut enqueued) = (0, 0);
         for (i, event, slot, jobs) in pending {
             let new = slot.load(std::sync::atomic::Ordering::Acquire);
-            core.accepted.insert(event.key(), ()).await;
+            core.accepted.insert(event.key(), ());
             if new {
                 // The group commit's writer has put it in the fresh-event cache already.
                 published += 1;
@@ -500,7 +500,7 @@ async fn repair(
     if !jobs.is_empty() {
         for (i, event) in events.iter().enumerate() {
             if counts[i] > 0 {
-                core.fresh.insert(event.key(), event.clone()).await;
+                core.fresh.insert(event.key(), event.clone());
             }
         }
         core.stores.queue.enqueue(&jobs).await?;

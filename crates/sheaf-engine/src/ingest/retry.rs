@@ -69,7 +69,7 @@ pub async fn manual_retry(
         last_attempt_time: None,
         due_at: Timestamp::now(),
     };
-    core.fresh.insert(key, event).await;
+    core.fresh.insert(key, event);
     core.stores
         .queue
         .enqueue(std::slice::from_ref(&job))

@@ -160,7 +160,7 @@ async fn restore_payloads(
         }
     }
     for (key, found) in missing.iter_mut() {
-        if let Some(event) = core.fresh.get(key).await {
+        if let Some(event) = core.fresh.get(key) {
             *found = Some(event);
         }
     }

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use moka::future::Cache;
 use sheaf_coalesce::{BatchWriter, WriteCoalescer, WriteConfig};
 use sheaf_store::{Event, EventKey, Intake, LeaseOffer, Outbox, Timestamp};
 use tokio::sync::Notify;
@@ -26,6 +25,7 @@ use tokio::time::Instant;
 use crate::state::handoff::{Dispatched, JobChannel};
 use crate::state::log_access::json_size;
 use crate::state::metrics::Metrics;
+use crate::state::recent::Recent;
 
 /// Most events in one accept: a statement of a thousand events and their jobs stays well under a
 /// second even on a busy server, and a CDC batch (at most 1,000 rows) fits whole.
@@ -71,7 +71,7 @@ pub struct IntakeWriter {
     /// The outbox.
     pub outbox: Arc<dyn Outbox>,
     /// The fresh-event cache the first deliveries read.
-    pub fresh: Cache<EventKey, Event>,
+    pub fresh: Arc<Recent<EventKey, Event>>,
     /// The workers' channel the leased jobs go into.
     pub jobs: Arc<JobChannel>,
     /// How long those leases hold (`SHEAF_QUEUE_LEASE`).
@@ -116,7 +116,7 @@ impl BatchWriter for IntakeWriter {
             // delivery must send.
             if new {
                 new_jobs += intake.jobs.len();
-                self.fresh.insert(intake.event.key(), intake.event).await;
+                self.fresh.insert(intake.event.key(), intake.event);
             }
             slot.store(new, Ordering::Release);
         }

@@ -10,6 +10,7 @@
 //! - [`log_access`]: every path to the log store, coalesced: the write coalescer, the event
 //!   reads and the retries' latest-attempt lookups.
 //! - [`entities`]: tenants and destinations, cached per tenant.
+//! - [`recent`]: the fresh-event and accepted-ids caches, oldest out first.
 //! - [`secrets`]: destination credentials sealed at rest, at the entity store's boundary;
 //!   [`reseal`]: the pass that re-seals them under a new `SHEAF_SECRETS_KEY`;
 //!   [`url_password`]: the password in a destination's `config.url`, found, sealed, redacted.
@@ -32,6 +33,7 @@ pub(crate) mod jobs;
 pub(crate) mod log_access;
 pub(crate) mod metrics;
 pub(crate) mod pacer;
+pub(crate) mod recent;
 pub(crate) mod replays;
 pub(crate) mod reseal;
 pub(crate) mod secrets;

@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use moka::future::Cache;
-use moka::policy::EvictionPolicy;
 use sheaf_coalesce::{CoalesceMetrics, LookupCoalescer, WriteCoalescer};
 use sheaf_destination::Registry;
 use sheaf_store::{Event, EventKey};
@@ -21,6 +19,7 @@ use crate::state::log_access::{
 };
 use crate::state::metrics::{MetricSources, Metrics};
 use crate::state::pacer::Pacer;
+use crate::state::recent::Recent;
 use crate::state::replays::Replays;
 use crate::state::secrets::SealedEntityStore;
 use crate::state::trace::EventTraces;
@@ -52,9 +51,9 @@ pub struct Core {
     /// Retries' latest-attempt lookups (`latest_attempts`), coalesced and split at 15 minutes.
     pub retries: RetryCoalescer,
     /// Freshly published events, so a first delivery needs no read of the log store.
-    pub fresh: Cache<EventKey, Event>,
+    pub fresh: Arc<Recent<EventKey, Event>>,
     /// Event ids accepted recently by this process: a repeat is answered without a read.
-    pub accepted: Cache<EventKey, ()>,
+    pub accepted: Recent<EventKey, ()>,
     /// The service's counters.
     pub metrics: Arc<Metrics>,
     /// The pending-work bound every publish passes first.
@@ -119,21 +118,14 @@ impl Core {
                 .split(retry_split())
                 .observer(retry_metrics.clone())
                 .build()?;
-        // Least recently used goes first: each entry is read about once, soon after it was
-        // written, so recency is the signal. The default policy (TinyLFU) admits a new key into
-        // a full cache only if it has been asked for more often than the entry it would evict,
-        // which turns away exactly the fresh events.
-        let fresh = Cache::builder()
-            .max_capacity(config.fresh_event_cache)
-            .time_to_live(FRESH_EVENT_TTL)
-            .eviction_policy(EvictionPolicy::lru())
-            .build();
+        // Oldest first: each entry is read about once, soon after it was written, in the order
+        // it was written (see `state::recent`).
+        let fresh = Arc::new(Recent::new(config.fresh_event_cache, FRESH_EVENT_TTL));
         // Ids are small: ten times as many as fresh events, at least 10,000.
-        let accepted = Cache::builder()
-            .max_capacity(config.fresh_event_cache.saturating_mul(10).max(10_000))
-            .time_to_live(ACCEPTED_ID_TTL)
-            .eviction_policy(EvictionPolicy::lru())
-            .build();
+        let accepted = Recent::new(
+            config.fresh_event_cache.saturating_mul(10).max(10_000),
+            ACCEPTED_ID_TTL,
+        );
         let metrics = Arc::new(Metrics::default());
         metrics.set_destination_types(&destinations.names());
         let wake = Arc::new(Notify::new());
@@ -143,7 +135,7 @@ impl Core {
             Some(outbox) => Some(WriteCoalescer::with_observer(
                 IntakeWriter {
                     outbox: Arc::clone(outbox),
-                    fresh: fresh.clone(),
+                    fresh: Arc::clone(&fresh),
                     jobs: Arc::clone(&jobs),
                     lease: config.queue_lease,
                     wake: Arc::clone(&wake),
