@@ -9,6 +9,11 @@ use jaq_core::{Compiler, Ctx, Native, Vars, data, unwrap_valr};
 use jaq_json::Val;
 use jaq_std::ValT as _;
 
+#[cfg(feature = "pool")]
+pub mod pool;
+pub mod runner;
+mod wire;
+
 /// The data the interpreter runs on: JSON values and the program's own table.
 type Data = data::JustLut<Val>;
 
@@ -170,8 +175,10 @@ impl Transform {
         let defs = jaq_core::defs()
             .chain(jaq_std::defs())
             .chain(jaq_json::defs());
+        // `env` would hand a program the environment of the process running it, secrets
+        // included: it does not exist here.
         let funs = jaq_core::funs()
-            .chain(jaq_std::funs())
+            .chain(jaq_std::funs().filter(|(name, _, _)| *name != "env"))
             .chain(jaq_json::funs());
         let arena = Arena::default();
         let modules = Loader::new(defs)
