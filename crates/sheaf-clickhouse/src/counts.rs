@@ -14,6 +14,7 @@ struct BucketRow {
     bucket: i64,
     success: u64,
     failed: u64,
+    filtered: u64,
 }
 
 impl ClickHouseLogStore {
@@ -30,7 +31,8 @@ impl ClickHouseLogStore {
                     .query(
                         "SELECT intDiv(toUnixTimestamp64Micro(time) - ?, ?) AS bucket, \
                                 countIf(status = 'success') AS success, \
-                                countIf(status != 'success') AS failed \
+                                countIf(status = 'failed') AS failed, \
+                                countIf(status = 'filtered') AS filtered \
                          FROM ( \
                             SELECT attempt_id, any(attempt_time) AS time, any(status) AS status \
                             FROM attempts \
@@ -56,6 +58,7 @@ impl ClickHouseLogStore {
             {
                 c.success = row.success;
                 c.failed = row.failed;
+                c.filtered = row.filtered;
             }
         }
         Ok(counts)

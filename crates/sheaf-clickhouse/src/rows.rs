@@ -42,7 +42,7 @@ pub(crate) struct AttemptRow {
     #[serde(with = "clickhouse::serde::uuid")]
     pub attempt_id: Uuid,
     pub number: u32,
-    /// `Enum8('failed' = 0, 'success' = 1)`.
+    /// `Enum8('failed' = 0, 'success' = 1, 'filtered' = 2)`.
     pub status: i8,
     /// `Enum8('scheduled' = 0, 'manual' = 1)`.
     pub trigger: i8,
@@ -141,6 +141,7 @@ fn status_code(status: AttemptStatus) -> i8 {
     match status {
         AttemptStatus::Failed => 0,
         AttemptStatus::Success => 1,
+        AttemptStatus::Filtered => 2,
     }
 }
 
@@ -192,6 +193,7 @@ impl AttemptRow {
         let status = match self.status {
             0 => AttemptStatus::Failed,
             1 => AttemptStatus::Success,
+            2 => AttemptStatus::Filtered,
             other => return Err(bad_row(WHAT, format!("status {other}"))),
         };
         let trigger = match self.trigger {

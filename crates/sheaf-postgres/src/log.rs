@@ -636,6 +636,7 @@ impl LogStore for PostgresLogStore {
             q.push(match status {
                 AttemptStatus::Failed => " AND a.status = 'failed'",
                 AttemptStatus::Success => " AND a.status = 'success'",
+                AttemptStatus::Filtered => " AND a.status = 'filtered'",
             });
         }
         if let Some(topic) = &filter.topic {
@@ -705,7 +706,8 @@ impl LogStore for PostgresLogStore {
         let rows = sqlx::query(&format!(
             "SELECT floor(extract(epoch FROM attempt_time - $2) * 1000000 / $4)::bigint AS bucket,
                     count(*) FILTER (WHERE status = 'success') AS success,
-                    count(*) FILTER (WHERE status <> 'success') AS failed
+                    count(*) FILTER (WHERE status = 'failed') AS failed,
+                    count(*) FILTER (WHERE status = 'filtered') AS filtered
              FROM {s}.attempts
              WHERE tenant_id = $1 AND attempt_time >= $2 AND attempt_time < $3
              GROUP BY bucket"
@@ -723,6 +725,7 @@ impl LogStore for PostgresLogStore {
             if let Some(c) = usize::try_from(bucket).ok().and_then(|i| counts.get_mut(i)) {
                 c.success = get::<i64>(row, "success")? as u64;
                 c.failed = get::<i64>(row, "failed")? as u64;
+                c.filtered = get::<i64>(row, "filtered")? as u64;
             }
         }
         Ok(counts)

@@ -436,6 +436,7 @@ impl LogStore for SqliteLogStore {
             q.push(match status {
                 AttemptStatus::Failed => " AND a.status = 'failed'",
                 AttemptStatus::Success => " AND a.status = 'success'",
+                AttemptStatus::Filtered => " AND a.status = 'filtered'",
             });
         }
         if let Some(topic) = &filter.topic {
@@ -505,7 +506,8 @@ impl LogStore for SqliteLogStore {
         let rows = sqlx::query(
             "SELECT (attempt_time - ?2) / ?4 AS bucket,
                     sum(status = 'success') AS success,
-                    sum(status <> 'success') AS failed
+                    sum(status = 'failed') AS failed,
+                    sum(status = 'filtered') AS filtered
              FROM attempts
              WHERE tenant_id = ?1 AND attempt_time >= ?2 AND attempt_time < ?3
              GROUP BY bucket",
@@ -523,6 +525,7 @@ impl LogStore for SqliteLogStore {
             if let Some(c) = usize::try_from(bucket).ok().and_then(|i| counts.get_mut(i)) {
                 c.success = u64::try_from(get::<i64>(row, "success")?).unwrap_or(0);
                 c.failed = u64::try_from(get::<i64>(row, "failed")?).unwrap_or(0);
+                c.filtered = u64::try_from(get::<i64>(row, "filtered")?).unwrap_or(0);
             }
         }
         Ok(counts)

@@ -157,6 +157,9 @@ pub enum AttemptStatus {
     Success,
     /// Anything else: another status, a timeout, a connection error.
     Failed,
+    /// The destination's transformation dropped the event: nothing was sent, and nothing is
+    /// owed.
+    Filtered,
 }
 
 impl AttemptStatus {
@@ -165,6 +168,16 @@ impl AttemptStatus {
         match self {
             AttemptStatus::Success => "success",
             AttemptStatus::Failed => "failed",
+            AttemptStatus::Filtered => "filtered",
+        }
+    }
+
+    /// Whether the delivery is settled by this attempt: the receiver took the event, or the
+    /// destination's transformation dropped it. A failed one leaves a delivery owed.
+    pub fn settles(self) -> bool {
+        match self {
+            AttemptStatus::Success | AttemptStatus::Filtered => true,
+            AttemptStatus::Failed => false,
         }
     }
 }
@@ -175,6 +188,7 @@ impl std::str::FromStr for AttemptStatus {
         match s {
             "success" => Ok(AttemptStatus::Success),
             "failed" => Ok(AttemptStatus::Failed),
+            "filtered" => Ok(AttemptStatus::Filtered),
             _ => Err(Error::invalid_input(format!(
                 "{s:?} is not an attempt status"
             ))),
@@ -417,12 +431,13 @@ impl Buckets {
                 start: self.since.saturating_add(self.width * i),
                 success: 0,
                 failed: 0,
+                filtered: 0,
             })
             .collect()
     }
 }
 
-/// How many attempts succeeded and failed in one time bucket.
+/// How many attempts succeeded, failed and were filtered in one time bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct AttemptCounts {
     /// The start of the bucket.
@@ -431,6 +446,8 @@ pub struct AttemptCounts {
     pub success: u64,
     /// Attempts with status `failed`.
     pub failed: u64,
+    /// Attempts with status `filtered`.
+    pub filtered: u64,
 }
 
 impl AttemptCounts {
@@ -439,6 +456,7 @@ impl AttemptCounts {
         match status {
             AttemptStatus::Success => self.success += 1,
             AttemptStatus::Failed => self.failed += 1,
+            AttemptStatus::Filtered => self.filtered += 1,
         }
     }
 }

@@ -12,6 +12,8 @@ use jaq_std::ValT as _;
 #[cfg(feature = "pool")]
 pub mod pool;
 pub mod runner;
+// Without the pool only the runner's half of the protocol is used.
+#[cfg_attr(not(feature = "pool"), allow(dead_code))]
 mod wire;
 
 /// The data the interpreter runs on: JSON values and the program's own table.

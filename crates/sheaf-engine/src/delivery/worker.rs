@@ -194,7 +194,7 @@ async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
         Ok(None) => resolve_event(core, claimed).await,
         Ok(Some(latest)) => {
             let superseded = job.last_attempt_time.is_some_and(|t| latest.time > t);
-            if latest.status == AttemptStatus::Success || superseded {
+            if latest.status.settles() || superseded {
                 core.metrics.delivery(DeliveryOutcome::Superseded);
                 Resolved::Done(Outcome::Complete(claimed.lease))
             } else {

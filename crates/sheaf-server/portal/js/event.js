@@ -91,7 +91,7 @@ export function render(root, { signal, params }) {
           h('h3', { class: 'mono' }, destination?.config?.url ?? destinationId),
           h('span', { class: 'muted small' },
             `${destination ? destination.type : 'destination'} ${destinationId} · ${attempts.length} attempt${attempts.length === 1 ? '' : 's'}, latest `,
-            latest.status === 'success' ? 'delivered' : 'failed')),
+            LATEST[latest.status] ?? latest.status)),
         h('div', { class: 'actions' }, retryButton)),
       message,
       h('ol', { class: 'timeline' }, attempts.map(attempt)));
@@ -123,11 +123,17 @@ export function render(root, { signal, params }) {
   first();
 }
 
+/** How a destination's latest attempt reads in its group's heading. */
+const LATEST = { success: 'delivered', failed: 'failed', filtered: 'filtered by its transformation' };
+
+/** The look of each attempt status: a success, a failure, or nothing sent (filtered). */
+const STATUS_KIND = { success: 'ok', failed: 'bad', filtered: 'off' };
+
 function attempt(a) {
-  const ok = a.status === 'success';
-  return h('li', { class: ['attempt', ok ? 'ok' : 'bad'], testid: 'attempt', 'data-status': a.status, 'data-trigger': a.trigger },
+  const kind = STATUS_KIND[a.status] ?? 'bad';
+  return h('li', { class: ['attempt', kind], testid: 'attempt', 'data-status': a.status, 'data-trigger': a.trigger },
     h('div', { class: 'attempt-head' },
-      badge(ok ? 'success' : 'failed', ok ? 'ok' : 'bad', 'attempt-status'),
+      badge(a.status, kind, 'attempt-status'),
       a.response_code != null ? h('span', { class: 'code', testid: 'attempt-code' }, `HTTP ${a.response_code}`) : null,
       h('span', { class: 'muted', testid: 'attempt-duration' }, `${a.duration_ms ?? '?'} ms`),
       badge(a.trigger, a.trigger === 'manual' ? 'info' : 'off', 'attempt-trigger'),

@@ -286,8 +286,8 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
             "required": ["from", "to", "bucket_seconds", "buckets"],
             "properties": {
                 "from": timestamp, "to": timestamp, "bucket_seconds": { "type": "integer" },
-                "buckets": { "type": "array", "items": { "type": "object", "required": ["start", "success", "failed"],
-                    "properties": { "start": timestamp, "success": { "type": "integer" }, "failed": { "type": "integer" } } } }
+                "buckets": { "type": "array", "items": { "type": "object", "required": ["start", "success", "failed", "filtered"],
+                    "properties": { "start": timestamp, "success": { "type": "integer" }, "failed": { "type": "integer" }, "filtered": { "type": "integer" } } } }
             }
         },
         "DestinationInput": destination_input(destinations),
@@ -401,7 +401,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "destination_id": uuid_schema(),
                 "number": { "type": "integer" },
                 "time": timestamp,
-                "status": { "enum": ["success", "failed"] },
+                "status": { "enum": ["success", "failed", "filtered"] },
                 "trigger": { "enum": ["scheduled", "manual"] },
                 "response_code": { "type": ["integer", "null"] },
                 "duration_ms": { "type": "integer" },
@@ -504,7 +504,7 @@ fn query_parameter_schema(name: &str, kind: &str) -> Value {
     match name {
         "limit" => json!({ "type": "integer", "minimum": 1, "maximum": 1000, "default": 100 }),
         // Filters: an empty value filters nothing.
-        "status" => json!({ "enum": ["success", "failed", ""] }),
+        "status" => json!({ "enum": ["success", "failed", "filtered", ""] }),
         "event_id" => json!({ "type": "string", "pattern": "^[A-Za-z0-9._:~@+=-]{0,255}$" }),
         "destination_id" => json!({ "anyOf": [uuid_schema(), { "const": "" }] }),
         "since" | "until" => json!({ "type": "string", "format": "date-time" }),

@@ -341,7 +341,7 @@ impl Runner {
             return Verdict::Replayed;
         }
         if self.selection.source == Source::Failed
-            && latest.is_some_and(|l| l.status == AttemptStatus::Success)
+            && latest.is_some_and(|l| l.status.settles())
         {
             return Verdict::Delivered;
         }

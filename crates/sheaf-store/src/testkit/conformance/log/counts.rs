@@ -25,17 +25,20 @@ pub async fn count_attempts_buckets_by_time_and_status(store: &dyn LogStore) {
     };
     let ok = AttemptStatus::Success;
     let failed = AttemptStatus::Failed;
+    let filtered = AttemptStatus::Filtered;
     let mut attempts = vec![
         at(-1, ok),                  // before the first bucket
         at(0, ok),                   // bucket 0, at its start
         at(minute - 1, failed),      // bucket 0, at its end
         at(minute, failed),          // bucket 1
         at(minute + SECOND, failed), // bucket 1
+        at(2 * minute + 5, filtered), // bucket 2: neither a success nor a failure
         at(3 * minute + 7, ok),      // bucket 3
+        at(3 * minute + 9, filtered), // bucket 3
         at(6 * minute - 1, ok),      // bucket 5, the last microsecond
         at(6 * minute, failed),      // after the last bucket
     ];
-    let repeated = attempts[5].clone();
+    let repeated = attempts[6].clone();
     attempts.push(repeated);
     let mut elsewhere = attempt(&theirs, destination, shift(since, SECOND));
     elsewhere.status = failed;
@@ -45,27 +48,28 @@ pub async fn count_attempts_buckets_by_time_and_status(store: &dyn LogStore) {
         .count_attempts(&tenant, &buckets)
         .await
         .expect("count_attempts failed");
-    let got: Vec<(i64, u64, u64)> = counts
+    let got: Vec<(i64, u64, u64, u64)> = counts
         .iter()
         .map(|c| {
             (
                 (c.start.as_micros() - since.as_micros()) / minute,
                 c.success,
                 c.failed,
+                c.filtered,
             )
         })
         .collect();
     assert_eq!(
         got,
         [
-            (0, 1, 1),
-            (1, 0, 2),
-            (2, 0, 0),
-            (3, 1, 0),
-            (4, 0, 0),
-            (5, 1, 0)
+            (0, 1, 1, 0),
+            (1, 0, 2, 0),
+            (2, 0, 0, 1),
+            (3, 1, 0, 1),
+            (4, 0, 0, 0),
+            (5, 1, 0, 0)
         ],
-        "(bucket, successes, failures) per minute"
+        "(bucket, successes, failures, filtered) per minute"
     );
     let nobody = unique_tenant("counts-nobody");
     let none = store
@@ -77,5 +81,8 @@ pub async fn count_attempts_buckets_by_time_and_status(store: &dyn LogStore) {
         6,
         "every bucket, even for a tenant with nothing"
     );
-    assert!(none.iter().all(|c| c.success == 0 && c.failed == 0));
+    assert!(
+        none.iter()
+            .all(|c| c.success == 0 && c.failed == 0 && c.filtered == 0)
+    );
 }

@@ -121,6 +121,12 @@ pub async fn list_attempts_orders_newest_first_and_filters(store: &dyn LogStore)
         attempt(&ea, d2, at(10)),
         attempt(&eb, d1, at(5)),
         success(attempt(&eb, d2, at(20))),
+        Attempt {
+            status: AttemptStatus::Filtered,
+            response_code: None,
+            response_body: None,
+            ..attempt(&eb, d1, at(15))
+        },
     ];
     insert(store, &[ea.clone(), eb.clone()], &attempts).await;
     let foreign = event(&other, "ea", "order.created", t);
@@ -147,6 +153,10 @@ pub async fn list_attempts_orders_newest_first_and_filters(store: &dyn LogStore)
         },
         AttemptFilter {
             status: Some(AttemptStatus::Success),
+            ..Default::default()
+        },
+        AttemptFilter {
+            status: Some(AttemptStatus::Filtered),
             ..Default::default()
         },
         AttemptFilter {
