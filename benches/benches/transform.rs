@@ -40,7 +40,6 @@ fn per_event(c: &mut Criterion) {
         topic: "order.paid",
         data: data.as_bytes(),
         tenant_id: "acme",
-        time: "2026-11-30T12:34:56.789Z",
     };
     let limits = Limits::default();
     let cases = [

@@ -99,6 +99,26 @@ impl Engine {
         self.core.traces.is_some()
     }
 
+    /// Runs a transformation on `event` in a runner process, exactly as a delivery would (same
+    /// runners, same limits): the API's dry run.
+    pub async fn try_transform(
+        &self,
+        source: &str,
+        event: &sheaf_transform::Event<'_>,
+    ) -> Result<sheaf_transform::Output, sheaf_transform::pool::Failure> {
+        let limits = sheaf_transform::Limits {
+            max_body_bytes: self.core.config.transforms.max_body_bytes,
+            ..sheaf_transform::Limits::default()
+        };
+        self.core.transforms.run(source, event, &limits).await
+    }
+
+    /// Starts a transformation runner and has it run a trivial program: whether the configured
+    /// runner works (the service checks it at start when one is configured explicitly).
+    pub async fn probe_transform_runner(&self) -> Result<(), String> {
+        self.core.transforms.probe().await
+    }
+
     /// A place among the publishes handled at once, or why there is none (the pending-work
     /// bound is reached, or every place is taken). Take it before reading a publish's body, and
     /// hold it until the publish returned.

@@ -16,7 +16,7 @@ pub use backends::{
 };
 pub use config::cdc::{CdcSettings, TableTenants};
 pub use config::secrets_key::SecretsKey;
-pub use config::{EngineConfig, OperatorWebhook, RetryConfig};
+pub use config::{EngineConfig, OperatorWebhook, RetryConfig, TransformConfig, TransformRunner};
 pub use destinations::installed as destination_types;
 pub use engine::{Engine, Readiness, Tasks, start};
 pub use ingest::{PublishError, Published};

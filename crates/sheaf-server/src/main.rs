@@ -1,7 +1,8 @@
 //! `sheaf`: the binary. `sheaf serve` runs the service, `sheaf migrate` prepares the database
 //! schemas, `sheaf secrets reseal` re-seals stored credentials under the current
 //! `SHEAF_SECRETS_KEY`, `sheaf backup PATH` copies the SQLite file while it serves, `--help`
-//! lists every setting, `--version` prints the version.
+//! lists every setting, `--version` prints the version. `sheaf transform-runner` is not for
+//! people: the service starts it to run destinations' transformations in a process of their own.
 
 use std::process::ExitCode;
 
@@ -26,6 +27,9 @@ fn usage() -> String {
          backup PATH write a consistent copy of the SQLite file (SHEAF_DATA_DIR) to PATH, also\n              \
          while a server runs on it; restore by stopping the server and putting the copy in\n              \
          place of sheaf.db (without the old sheaf.db-wal and sheaf.db-shm)\n  \
+         transform-runner\n              \
+         run destinations' transformations for a server over standard input and output\n              \
+         (the server starts it itself)\n  \
          --version   print the version\n  \
          --help      print this help\n\n\
          Settings (environment variables; SHEAF_CONFIG_FILE may name a TOML file with the same\n\
@@ -66,6 +70,8 @@ fn try_main() -> anyhow::Result<()> {
             println!("sheaf {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        "transform-runner" => sheaf_transform::runner::serve_stdio()
+            .context("the transformation runner stopped on a broken request"),
         "backup" => {
             let [destination] = rest else {
                 anyhow::bail!("`sheaf backup` takes one argument, the path of the copy to write");

@@ -39,6 +39,17 @@ pub async fn start_with(config: Config, stores: Stores) -> anyhow::Result<Runnin
     // Boxed: the engine's start is a large future (stores, caches, every task it spawns), and
     // every caller would otherwise carry it inline.
     let (engine, tasks) = Box::pin(sheaf_engine::start(config.engine.clone(), stores)).await?;
+    // A runner named in the settings is checked now, while a mistake can still stop start-up;
+    // this binary's own runner is the one it is.
+    if let sheaf_engine::TransformRunner::Command(command) = &config.engine.transforms.runner
+        && let Err(e) = engine.probe_transform_runner().await
+    {
+        tasks.shutdown(async {}).await;
+        anyhow::bail!(
+            "SHEAF_TRANSFORM_RUNNER: {} does not run as a transformation runner: {e}",
+            command.program.display()
+        );
+    }
     let router = crate::http::router(AppState::new(App {
         engine: engine.clone(),
         config,

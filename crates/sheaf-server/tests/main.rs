@@ -18,6 +18,8 @@
 //! - `bad_input`: oversized, deep, non-UTF-8 and unknown input, absurd limits and bad cursors.
 //! - `schemathesis`: generated requests against the OpenAPI document (PyPI's schemathesis).
 //! - `portal`: the web portal's files, links and chart counts, and the portal in Chromium.
+//! - `transforms`: destinations' jq transformations on a real receiver (reshaped and signed,
+//!   filtered, failed, a runaway and a crash), and the dry run.
 //! - `security`: tenant tokens walked over every route, sealed secrets, a `SHEAF_SECRETS_KEY`
 //!   rotation with `sheaf secrets reseal` under deliveries, secret-free logs, the connect-time
 //!   guard and redirects, TLS to receivers and to the OTLP collector.
@@ -38,3 +40,4 @@ mod shared;
 mod signatures;
 mod support;
 mod traces;
+mod transforms;

@@ -7,6 +7,9 @@
 //! Two checks are relaxed where JSON Schema cannot state the server's rule, and only there:
 //! - `positive_data_acceptance` accepts a 400 on the three listings: `next` is an opaque cursor,
 //!   so a generated one is rightly refused (bad cursors have their own test in `bad_input`);
+//! - `positive_data_acceptance` also accepts a 400 where a request carries a transformation
+//!   (creating and patching a destination, trying a program): `transform` is a jq program, and a
+//!   generated string is rarely one (the compiler's errors have their own tests in `transforms`);
 //! - `negative_data_rejection` is off for creating and patching destinations: the schema's URL
 //!   pattern is a strict subset of the URLs the server takes (any `http(s)` URL with a host),
 //!   so "invalid" URLs it generates are often valid ones.
@@ -37,14 +40,14 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// way JSON Schema cannot say (a cursor from another listing, a replay window that ends before it
 /// starts or spans more than 7 days), so 400 is an expected answer there; so is a PATCH's
 /// `config`, which must fit the destination's type, and the document cannot say which type the
-/// destination in the path has.
+/// destination in the path has, and any `transform`, which must be a jq program that compiles.
 const CONFIG: &str = r#"
 [[operations]]
 include-path-regex = "/(events|attempts|dead-letters|replay)$"
 checks.positive_data_acceptance.expected-statuses = ["2XX", "400", "401", "403", "404"]
 
 [[operations]]
-include-operation-id-regex = "^updateDestination$"
+include-operation-id-regex = "^(updateDestination|createDestination|tryTransformation)$"
 checks.positive_data_acceptance.expected-statuses = ["2XX", "400", "401", "403", "404"]
 
 [[operations]]

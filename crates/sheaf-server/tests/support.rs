@@ -21,6 +21,11 @@ pub fn base_env() -> HashMap<String, String> {
         ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "true"),
         ("SHEAF_QUEUE_POLL_INTERVAL", "50ms"),
         ("SHEAF_LOG", "warn"),
+        // The service runs in this test binary: its transformation runner is the real `sheaf`.
+        (
+            "SHEAF_TRANSFORM_RUNNER",
+            concat!(env!("CARGO_BIN_EXE_sheaf"), " transform-runner"),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -1,6 +1,7 @@
 //! Sheaf's domain types, the storage traits every backend implements, and the suites that check them.
 #![doc = include_str!("../README.md")]
 
+pub mod counts;
 pub mod entity;
 mod error;
 pub mod filter;
@@ -16,6 +17,7 @@ pub mod trace;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use counts::{AttemptCounts, Buckets};
 pub use entity::{
     CredentialsSwap, DeliveryHealth, Destination, DestinationKind, DestinationPatch,
     DisabledReason, EntityStore, HealthChange, PreviousSecret, RateLimit, Secret,
@@ -25,8 +27,8 @@ pub use error::{Error, ErrorKind, Result, SharedSource};
 pub use filter::{Filter, FilterError};
 pub use ids::{AttemptId, DestinationId, EventId, JobId, TenantId};
 pub use log::{
-    Attempt, AttemptCounts, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Buckets,
-    Event, EventFilter, EventKey, LogStore, Payload, TimeRange, validate_topic,
+    Attempt, AttemptFilter, AttemptKey, AttemptStatus, AttemptTrigger, Event, EventFilter,
+    EventKey, LogStore, Payload, TimeRange, validate_topic,
 };
 pub use outbox::{
     Accepted, Intake, LeaseOffer, Outbox, OutboxBacklog, Settlement, Shipment, validate_intakes,

@@ -128,8 +128,6 @@ pub struct Event<'a> {
     pub data: &'a [u8],
     /// The tenant it belongs to (`.metadata.tenant_id`).
     pub tenant_id: &'a str,
-    /// When it was published, RFC 3339 (`.metadata.time`).
-    pub time: &'a str,
 }
 
 /// A compiled transformation.
@@ -273,17 +271,14 @@ impl Transform {
     }
 }
 
-/// `{"id", "topic", "data", "metadata": {"tenant_id", "time"}}`.
+/// `{"id", "topic", "data", "metadata": {"tenant_id"}}`.
 fn event_value(event: &Event<'_>) -> Result<Val, RunError> {
     let data = jaq_json::read::parse_single(event.data)
         .map_err(|e| RunError::Failed(format!("the event's data is not JSON: {e}")))?;
     let text = |s: &str| Val::utf8_str(s.to_owned());
     let object =
         |pairs: Vec<(&str, Val)>| Val::obj(pairs.into_iter().map(|(k, v)| (text(k), v)).collect());
-    let metadata = object(vec![
-        ("tenant_id", text(event.tenant_id)),
-        ("time", text(event.time)),
-    ]);
+    let metadata = object(vec![("tenant_id", text(event.tenant_id))]);
     Ok(object(vec![
         ("id", text(event.id)),
         ("topic", text(event.topic)),

@@ -111,7 +111,6 @@ impl Pool {
             topic: "probe",
             data: b"{}",
             tenant_id: "probe",
-            time: "1970-01-01T00:00:00Z",
         };
         match self.run(".", &event, &Limits::default()).await {
             Ok(Output::Send { body, .. }) if body.starts_with(b"{\"id\":\"probe\"") => Ok(()),
@@ -139,7 +138,6 @@ impl Pool {
             topic: event.topic.to_owned(),
             data: event.data.to_vec(),
             tenant_id: event.tenant_id.to_owned(),
-            time: event.time.to_owned(),
             limits: *limits,
         }
         .encode();
@@ -208,7 +206,9 @@ impl Pool {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn source_key(source: &str) -> u64 {

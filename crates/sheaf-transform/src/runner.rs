@@ -27,11 +27,7 @@ const KEPT_PROGRAMS: usize = 256;
 /// binary's `main` calls (Sheaf's `sheaf transform-runner`, or `sheaf-transform-runner`).
 /// Limits the process's address space to [`MEMORY_LIMIT_BYTES`] first.
 pub fn serve_stdio() -> io::Result<()> {
-    rlimit::setrlimit(
-        rlimit::Resource::AS,
-        MEMORY_LIMIT_BYTES,
-        MEMORY_LIMIT_BYTES,
-    )?;
+    rlimit::setrlimit(rlimit::Resource::AS, MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES)?;
     let stdin = io::stdin().lock();
     let stdout = io::stdout().lock();
     serve(BufReader::new(stdin), BufWriter::new(stdout))
@@ -56,7 +52,6 @@ pub fn serve(mut input: impl Read, mut output: impl Write) -> io::Result<()> {
                     topic: &request.topic,
                     data: &request.data,
                     tenant_id: &request.tenant_id,
-                    time: &request.time,
                 };
                 match transform.run(&event, &request.limits) {
                     Ok(output) => Reply::Ran(output),
@@ -81,7 +76,6 @@ mod tests {
             topic: "order.paid".to_owned(),
             data: br#"{"total": 250}"#.to_vec(),
             tenant_id: "acme".to_owned(),
-            time: "2026-12-04T12:00:00Z".to_owned(),
             limits: Limits::default(),
         }
         .encode()
@@ -105,8 +99,14 @@ mod tests {
         };
         assert_eq!(next(), sent(b"250"));
         assert_eq!(next(), Reply::Ran(Output::Drop));
-        assert!(matches!(next(), Reply::Compile(e) if e.line == 1), "a syntax error");
-        assert_eq!(next(), Reply::Failed("the transformation failed: no".to_owned()));
+        assert!(
+            matches!(next(), Reply::Compile(e) if e.line == 1),
+            "a syntax error"
+        );
+        assert_eq!(
+            next(),
+            Reply::Failed("the transformation failed: no".to_owned())
+        );
         assert_eq!(next(), sent(b"250"), "the kept program runs again");
         assert!(read_frame(&mut replies).unwrap().is_none());
     }

@@ -9,7 +9,6 @@ fn event(data: &'static str) -> Event<'static> {
         topic: "order.paid",
         data: data.as_bytes(),
         tenant_id: "acme",
-        time: "2026-12-04T12:00:00Z",
     }
 }
 

@@ -22,7 +22,6 @@ pub(crate) struct Request {
     pub topic: String,
     pub data: Vec<u8>,
     pub tenant_id: String,
-    pub time: String,
     pub limits: Limits,
 }
 
@@ -49,7 +48,6 @@ impl Request {
         out.bytes(self.topic.as_bytes());
         out.bytes(&self.data);
         out.bytes(self.tenant_id.as_bytes());
-        out.bytes(self.time.as_bytes());
         out.u64(self.limits.max_body_bytes as u64);
         out.u64(u64::try_from(self.limits.max_time.as_micros()).unwrap_or(u64::MAX));
         out.finish()
@@ -63,7 +61,6 @@ impl Request {
             topic: at.string()?,
             data: at.bytes()?.to_vec(),
             tenant_id: at.string()?,
-            time: at.string()?,
             limits: Limits {
                 max_body_bytes: usize::try_from(at.u64()?).unwrap_or(usize::MAX),
                 max_time: Duration::from_micros(at.u64()?),
@@ -238,7 +235,6 @@ mod tests {
             topic: "order.paid".to_owned(),
             data: br#"{"a": "\u00e9"}"#.to_vec(),
             tenant_id: "acme".to_owned(),
-            time: "2026-12-04T12:00:00Z".to_owned(),
             limits: Limits::default(),
         };
         let frame = request.encode();

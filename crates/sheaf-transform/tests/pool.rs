@@ -21,7 +21,6 @@ const EVENT: Event<'static> = Event {
     topic: "order.paid",
     data: br#"{"id": "ord_7", "total": 250}"#,
     tenant_id: "acme",
-    time: "2026-12-04T12:00:00Z",
 };
 
 async fn run(pool: &Pool, source: &str) -> Result<Output, Failure> {
@@ -40,9 +39,12 @@ async fn programs_run_in_a_runner_with_their_results_and_failures() {
     let pool = pool(2);
     pool.probe().await.unwrap();
     assert_eq!(
-        run(&pool, r#"{order: .data.id} | with_headers({"x-total": ($event.data.total | tostring)})"#)
-            .await
-            .unwrap(),
+        run(
+            &pool,
+            r#"{order: .data.id} | with_headers({"x-total": ($event.data.total | tostring)})"#
+        )
+        .await
+        .unwrap(),
         Output::Send {
             body: br#"{"order":"ord_7"}"#.to_vec(),
             headers: vec![("x-total".to_owned(), "250".to_owned())],
@@ -50,7 +52,10 @@ async fn programs_run_in_a_runner_with_their_results_and_failures() {
     );
     assert_eq!(run(&pool, "empty").await.unwrap(), Output::Drop);
     let failed = run(&pool, r#"error("no card")"#).await.unwrap_err();
-    assert!(failed.permanent && failed.message.contains("no card"), "{failed:?}");
+    assert!(
+        failed.permanent && failed.message.contains("no card"),
+        "{failed:?}"
+    );
     let broken = run(&pool, "{order: .data.id").await.unwrap_err();
     assert!(broken.message.contains("does not compile"), "{broken:?}");
     // The environment of the service is not the program's to read.
@@ -78,12 +83,23 @@ async fn a_runaway_is_stopped_and_refused_and_the_pool_goes_on() {
     let runaway = run(&pool, "def f: f; f").await.unwrap_err();
     assert!(runaway.permanent, "{runaway:?}");
     assert!(runaway.message.contains("ran past"), "{runaway:?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     let started = Instant::now();
     let again = run(&pool, "def f: f; f").await.unwrap_err();
     assert!(again.message.contains("not run again"), "{again:?}");
-    assert!(started.elapsed() < Duration::from_millis(100), "refused without a run");
-    assert_eq!(body(run(&pool, ".data.id").await), r#""ord_7""#, "a fresh runner");
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "refused without a run"
+    );
+    assert_eq!(
+        body(run(&pool, ".data.id").await),
+        r#""ord_7""#,
+        "a fresh runner"
+    );
 }
 
 #[tokio::test]
@@ -91,7 +107,10 @@ async fn a_program_that_crashes_its_runner_is_refused_and_the_pool_goes_on() {
     let pool = pool(1);
     // Unbounded recursion overflows the runner's stack, which aborts it.
     let crashed = run(&pool, "def f: 1 + f; f").await.unwrap_err();
-    assert!(crashed.permanent && crashed.message.contains("crashed"), "{crashed:?}");
+    assert!(
+        crashed.permanent && crashed.message.contains("crashed"),
+        "{crashed:?}"
+    );
     let again = run(&pool, "def f: 1 + f; f").await.unwrap_err();
     assert!(again.message.contains("not run again"), "{again:?}");
     assert_eq!(body(run(&pool, ".topic").await), r#""order.paid""#);
@@ -102,7 +121,11 @@ async fn a_program_that_exhausts_memory_costs_its_runner_not_the_caller() {
     let pool = pool(1).runaway_after(Duration::from_secs(20));
     let started = Instant::now();
     let huge = run(&pool, "[range(1e10)] | length").await.unwrap_err();
-    assert!(huge.message.contains("crashed"), "{huge:?} after {:?}", started.elapsed());
+    assert!(
+        huge.message.contains("crashed"),
+        "{huge:?} after {:?}",
+        started.elapsed()
+    );
     assert_eq!(body(run(&pool, ".id").await), r#""evt_1""#);
 }
 

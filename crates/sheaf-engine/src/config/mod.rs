@@ -42,6 +42,30 @@ impl RetryConfig {
     }
 }
 
+/// The process that runs destinations' transformations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransformRunner {
+    /// This process's own executable, run as `<executable> transform-runner`: the `sheaf`
+    /// binary, or a program embedding the engine whose `main` hands that argument to
+    /// `sheaf_transform::runner::serve_stdio`.
+    ThisExecutable,
+    /// Another command (`sheaf-transform-runner`, say).
+    Command(sheaf_transform::pool::RunnerCommand),
+}
+
+/// How transformations run (`SHEAF_TRANSFORM_*`). Programs are tenants' code: they run in
+/// runner processes (`sheaf_transform::pool`), never in the engine's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransformConfig {
+    /// `SHEAF_TRANSFORM_RUNNER`.
+    pub runner: TransformRunner,
+    /// `SHEAF_TRANSFORM_RUNNERS`: how many runner processes run at most.
+    pub runners: usize,
+    /// `SHEAF_MAX_BODY_BYTES`: the largest body a transformation may produce, the largest a
+    /// publish may send.
+    pub max_body_bytes: usize,
+}
+
 /// Where operator events are delivered, and the secret that signs them.
 #[derive(Clone)]
 pub struct OperatorWebhook {
@@ -132,6 +156,8 @@ pub struct EngineConfig {
     pub operator_webhook: Option<OperatorWebhook>,
     /// `SHEAF_CDC_*`: the CDC source, when `SHEAF_CDC_ENABLED=true`.
     pub cdc: Option<cdc::CdcSettings>,
+    /// `SHEAF_TRANSFORM_*`: where destinations' transformations run.
+    pub transforms: TransformConfig,
 }
 
 /// The embedded default: the embedded stores ([`StoreConfig::default`]), 32 workers, the retry
@@ -201,6 +227,11 @@ impl Default for EngineConfig {
             disable_after_failures: 0,
             operator_webhook: None,
             cdc: None,
+            transforms: TransformConfig {
+                runner: TransformRunner::ThisExecutable,
+                runners: 2,
+                max_body_bytes: 1024 * 1024,
+            },
         }
     }
 }

@@ -40,7 +40,9 @@
 mod completer;
 mod dispatcher;
 mod housekeeping;
+mod resolve;
 mod span;
+mod transform;
 mod worker;
 
 use std::sync::Arc;

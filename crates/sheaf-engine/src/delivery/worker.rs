@@ -1,33 +1,36 @@
-//! A worker's turn with one job: renew a lease more than half spent, resolve what to send (a
-//! first delivery's payload from the fresh-event cache or the coalesced event read, a retry's
-//! through the coalesced latest-attempt lookup), deliver, and hand the job's outcome to the
-//! completer. The attempt goes with the outcome when an outbox records both in one commit;
-//! without one, the worker writes it to the log store first.
+//! A worker's turn with one job: renew a lease more than half spent, resolve what to send
+//! (`super::resolve`), shape it with the destination's transformation (`super::transform`),
+//! deliver, and hand the job's outcome to the completer. The attempt goes with the outcome
+//! when an outbox records both in one commit; without one, the worker writes it to the log
+//! store first.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng as _;
 use sheaf_store::{
     Attempt, AttemptId, AttemptStatus, AttemptTrigger, ClaimedJob, DeadLetterRequest, Destination,
-    EventKey, Payload, Reschedule, Timestamp, TraceContext,
+    Job, Payload, Reschedule, Timestamp, TraceContext,
 };
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use super::resolve::{Resolved, not_ready, resolve_event, resolve_retry};
 use super::span::{attempt_span, stored_attempt_span};
+use super::transform::{Shaped, shape};
 use super::{Outcome, Turn};
 use crate::state::Core;
 use crate::state::backoff::Backoff;
 use crate::state::handoff::Dispatched;
 use crate::state::jobs::is_manual_job;
-use crate::state::log_access::{LogRecord, RetryKey};
+use crate::state::log_access::LogRecord;
 use crate::state::metrics::{AttemptResult, DeliveryOutcome, Metrics};
 use crate::state::pacer::Admission;
 use crate::state::trace::trace_headers;
 use crate::state::turns::TurnReport;
-use sheaf_destination::{Message, Report as Delivered, Verdict};
+use sheaf_destination::{DestinationType, Message, Report as Delivered, Verdict};
 
 /// The dead-letter reason of a job whose destination was disabled when its turn came (at
 /// publish time, or while it waited for a retry).
@@ -73,33 +76,6 @@ pub(super) async fn run(
     }
 }
 
-/// How long after a retry's previous attempt its lookup may still miss it because it is not
-/// logged yet (an outbox ships attempts to the log store every second or so; a backlog after a
-/// log store outage takes longer, and its lookups fail rather than miss meanwhile). Past it the
-/// attempt is not coming: the retry delivers from the event instead of waiting for it.
-const ATTEMPT_LOGGED_WITHIN: Duration = Duration::from_secs(60);
-
-/// The longest a job waits for what it is not ready for before it looks again.
-const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(10);
-
-/// A reschedule that does not count as an attempt, after `SHEAF_RETRY_NOT_READY_DELAY`, or,
-/// for a retry whose previous attempt is a while old, a quarter of that age (at most
-/// [`NOT_READY_MAX_DELAY`], unless the setting is longer): a job that waits on something slow is
-/// looked at a few times, not claimed and put back in a loop.
-fn not_ready(core: &Core, claimed: &ClaimedJob) -> Outcome {
-    core.metrics.delivery(DeliveryOutcome::NotReady);
-    let waited = claimed.job.last_attempt_time.map(age).unwrap_or_default();
-    // The setting is the floor even where it is longer than the usual ceiling.
-    let floor = core.config.retry.not_ready_delay;
-    let delay = (waited / 4).min(NOT_READY_MAX_DELAY).max(floor);
-    Outcome::Reschedule(Reschedule {
-        lease: claimed.lease,
-        due_at: Timestamp::now().saturating_add(jittered(delay, 20)),
-        attempt_number: claimed.job.attempt_number,
-        last_attempt_time: claimed.job.last_attempt_time,
-    })
-}
-
 /// Held back by the pacer until `wait` from now: rescheduled to its turn, not an attempt.
 fn paced(core: &Core, claimed: &ClaimedJob, wait: Duration) -> Outcome {
     core.metrics.delivery(DeliveryOutcome::Paced);
@@ -109,116 +85,6 @@ fn paced(core: &Core, claimed: &ClaimedJob, wait: Duration) -> Outcome {
         attempt_number: claimed.job.attempt_number,
         last_attempt_time: claimed.job.last_attempt_time,
     })
-}
-
-/// The payload a job delivers (with its publish's trace context), or the outcome that ends its
-/// turn without a delivery.
-enum Resolved {
-    Deliver {
-        topic: String,
-        data: Payload,
-        trace: Option<TraceContext>,
-    },
-    Done(Outcome),
-}
-
-/// A first delivery (or a manual retry): the fresh-event cache, else the coalesced event read.
-async fn resolve_event(core: &Core, claimed: &ClaimedJob) -> Resolved {
-    let job = &claimed.job;
-    let key = EventKey {
-        tenant_id: job.tenant_id.clone(),
-        event_id: job.event_id.clone(),
-    };
-    if let Some(event) = core.fresh.get(&key) {
-        Metrics::inc(&core.metrics.fresh_cache_hits);
-        return Resolved::Deliver {
-            topic: event.topic,
-            data: event.data,
-            trace: event.trace,
-        };
-    }
-    Metrics::inc(&core.metrics.fresh_cache_misses);
-    match core.events.lookup(key.clone()).await {
-        Ok(Some(event)) => {
-            // Cached again for the log shipper, which puts the payload back into this
-            // delivery's attempt within a ship interval (the outbox keeps none).
-            if core.stores.outbox.is_some() {
-                core.fresh.insert(key, event.clone());
-            }
-            Resolved::Deliver {
-                topic: event.topic,
-                data: event.data,
-                trace: event.trace,
-            }
-        }
-        Ok(None) => {
-            // Publishes write the event before they enqueue, and no log store drops an event a
-            // delivery is owed (the memory log holds it for its jobs; the service sets no
-            // retention on the Postgres and ClickHouse logs, which drop nothing). A missing
-            // event means the store lost data, or the tenant was deleted meanwhile.
-            tracing::error!(tenant = %job.tenant_id, event = %job.event_id,
-                "the event of a pending delivery is not in the log store; the delivery cannot                  be made");
-            core.metrics.delivery(DeliveryOutcome::EventMissing);
-            Resolved::Done(Outcome::Complete(claimed.lease))
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, "event read failed; trying again shortly");
-            Resolved::Done(not_ready(core, claimed))
-        }
-    }
-}
-
-/// A retry: the coalesced latest-attempt lookup. Found and not yet successful: deliver again
-/// with the payload it returned; successful or superseded by a newer attempt: finish; missing:
-/// the previous attempt is not logged yet, so the retry is not ready and comes back shortly.
-async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved {
-    let job = &claimed.job;
-    Metrics::inc(&core.metrics.retry_lookups);
-    let key = RetryKey {
-        tenant_id: job.tenant_id.clone(),
-        event_id: job.event_id.clone(),
-        destination_id: job.destination_id,
-        attempt_time: job.last_attempt_time,
-    };
-    match core.retries.lookup(key).await {
-        Err(err) => {
-            tracing::debug!(error = %err, "latest-attempt lookup failed; retry not ready");
-            Resolved::Done(not_ready(core, claimed))
-        }
-        // Not logged yet: exactly like a single lookup finding nothing. Long after the attempt
-        // it will not be: deliver from the event, as a retry that carries no attempt time does.
-        Ok(None) if job.last_attempt_time.is_some_and(|t| !logged_by_now(t)) => {
-            Resolved::Done(not_ready(core, claimed))
-        }
-        // A retry without an attempt time, or whose attempt never showed: from the event.
-        Ok(None) => resolve_event(core, claimed).await,
-        Ok(Some(latest)) => {
-            let superseded = job.last_attempt_time.is_some_and(|t| latest.time > t);
-            if latest.status.settles() || superseded {
-                core.metrics.delivery(DeliveryOutcome::Superseded);
-                Resolved::Done(Outcome::Complete(claimed.lease))
-            } else {
-                Resolved::Deliver {
-                    topic: latest.event_topic,
-                    data: latest.event_data,
-                    trace: latest.event_trace,
-                }
-            }
-        }
-    }
-}
-
-/// Whether an attempt made at `time` should be found in the log store by now.
-fn logged_by_now(time: Timestamp) -> bool {
-    age(time) > ATTEMPT_LOGGED_WITHIN
-}
-
-/// How long ago `time` was; zero for a time in the future.
-fn age(time: Timestamp) -> Duration {
-    let since = Timestamp::now()
-        .as_datetime()
-        .signed_duration_since(time.as_datetime());
-    since.to_std().unwrap_or_default()
 }
 
 /// The claim, its lease renewed first when more than half of it is spent (a job waited in the
@@ -338,25 +204,35 @@ async fn deliver(
     let span = tracing::Span::current();
     let trace = trace_headers(&span);
     let delivered = match core.destinations.get(destination.kind.as_str()) {
-        Some(kind) => {
-            let secrets = destination.signing_secrets(now);
-            let message = Message {
-                tenant_id: &job.tenant_id,
-                destination_id: destination.id,
-                event_id: &job.event_id,
-                topic: &topic,
-                timestamp: now,
-                payload: &body,
-                headers: &destination.headers,
-                trace: &trace,
-                secrets: &secrets,
-                attempt: job.attempt_number,
-            };
-            let delivered = kind.deliver(&destination.config, &message).await;
-            core.metrics
-                .type_attempt(kind.name(), attempt_result(&delivered), delivered.elapsed);
-            delivered
-        }
+        Some(kind) => match send(
+            core,
+            kind.as_ref(),
+            &destination,
+            &job,
+            &topic,
+            now,
+            body,
+            &trace,
+        )
+        .await
+        {
+            Sent::Report(delivered) => delivered,
+            Sent::Filtered(elapsed) => {
+                return Some(
+                    filtered(
+                        core,
+                        claimed,
+                        manual,
+                        topic,
+                        data,
+                        event_trace,
+                        now,
+                        elapsed,
+                    )
+                    .await,
+                );
+            }
+        },
         // A destination of a type this binary lacks (written by a newer version, say): a
         // failed attempt, retried on schedule, so a rolling upgrade loses nothing.
         None => Delivered::retry(
@@ -438,6 +314,112 @@ async fn deliver(
         attempt: None,
         report,
     })
+}
+
+/// What [`send`] did.
+enum Sent {
+    /// It made an attempt (or the transformation failed it): the attempt's report.
+    Report(Delivered),
+    /// The destination's transformation dropped the event, after this long.
+    Filtered(Duration),
+}
+
+/// Shapes the body with the destination's transformation, if it has one, and sends what it
+/// made through the destination's type: the transformed body is the one sent and signed.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    core: &Core,
+    kind: &dyn DestinationType,
+    destination: &Destination,
+    job: &Job,
+    topic: &str,
+    now: Timestamp,
+    body: Vec<u8>,
+    trace: &[(String, String)],
+) -> Sent {
+    let (body, headers) = match &destination.transform {
+        None => (body, Cow::Borrowed(&destination.headers)),
+        Some(source) => {
+            let reserved = kind.reserved_headers();
+            match shape(core, source, destination, reserved, job, topic, &body).await {
+                Shaped::Send { body, headers } => (body, Cow::Owned(headers)),
+                Shaped::Filtered { elapsed } => return Sent::Filtered(elapsed),
+                Shaped::Failed(report) => return Sent::Report(report),
+            }
+        }
+    };
+    let secrets = destination.signing_secrets(now);
+    let message = Message {
+        tenant_id: &job.tenant_id,
+        destination_id: destination.id,
+        event_id: &job.event_id,
+        topic,
+        timestamp: now,
+        payload: &body,
+        headers: &headers,
+        trace,
+        secrets: &secrets,
+        attempt: job.attempt_number,
+    };
+    let delivered = kind.deliver(&destination.config, &message).await;
+    core.metrics
+        .type_attempt(kind.name(), attempt_result(&delivered), delivered.elapsed);
+    Sent::Report(delivered)
+}
+
+/// A delivery the destination's transformation dropped: recorded as a filtered attempt, and
+/// done (nothing is owed).
+#[allow(clippy::too_many_arguments)]
+async fn filtered(
+    core: &Core,
+    claimed: ClaimedJob,
+    manual: bool,
+    topic: String,
+    data: Payload,
+    event_trace: Option<TraceContext>,
+    now: Timestamp,
+    elapsed: Duration,
+) -> Turn {
+    let job = &claimed.job;
+    core.metrics.delivery(DeliveryOutcome::Filtered);
+    let attempt = Attempt {
+        tenant_id: job.tenant_id.clone(),
+        id: AttemptId::generate(),
+        event_id: job.event_id.clone(),
+        destination_id: job.destination_id,
+        number: job.attempt_number,
+        time: now,
+        status: AttemptStatus::Filtered,
+        trigger: if manual {
+            AttemptTrigger::Manual
+        } else {
+            AttemptTrigger::Scheduled
+        },
+        response_code: None,
+        duration_ms: u32::try_from(elapsed.as_millis()).unwrap_or(u32::MAX),
+        response_body: None,
+        error: None,
+        event_topic: topic,
+        event_data: data,
+        event_trace,
+    };
+    let outcome = Outcome::Complete(claimed.lease);
+    let report = report(core, &claimed, Some(Ok(())), &outcome);
+    if core.stores.outbox.is_some() {
+        return Turn {
+            outcome,
+            attempt: Some(attempt),
+            report,
+        };
+    }
+    // Written before the job completes, as every attempt is: a filtered delivery leaves its
+    // record behind.
+    write_attempt(core, attempt).await;
+    Turn {
+        outcome,
+        attempt: None,
+        report,
+    }
 }
 
 /// The turn's [`TurnReport`], when the process wants reports.
@@ -558,7 +540,7 @@ fn attempt_result(report: &Delivered) -> AttemptResult {
 }
 
 /// `delay` moved randomly by up to `percent` of itself, either way.
-fn jittered(delay: Duration, percent: u32) -> Duration {
+pub(super) fn jittered(delay: Duration, percent: u32) -> Duration {
     if percent == 0 {
         return delay;
     }

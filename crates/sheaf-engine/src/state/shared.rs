@@ -9,7 +9,7 @@ use sheaf_store::{Event, EventKey};
 use tokio::sync::Notify;
 
 use crate::backends::Stores;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, TransformConfig, TransformRunner};
 use crate::state::admission::Admission;
 use crate::state::entities::EntityCache;
 use crate::state::handoff::JobChannel;
@@ -77,6 +77,8 @@ pub struct Core {
     pub process_id: uuid::Uuid,
     /// The destination types this process delivers to, by the name in a destination's `type`.
     pub destinations: Registry,
+    /// The runner processes destinations' transformations run in.
+    pub transforms: sheaf_transform::pool::Pool,
 }
 
 impl Core {
@@ -167,6 +169,7 @@ impl Core {
             }
             .publishes_in_flight(config.max_publishes_in_flight),
         );
+        let transforms = transform_pool(&config.transforms)?;
         Ok(Arc::new(Self {
             metric_sources: MetricSources {
                 service: Arc::clone(&metrics),
@@ -196,6 +199,7 @@ impl Core {
             pacer: Pacer::new(),
             process_id: uuid::Uuid::now_v7(),
             destinations,
+            transforms,
         }))
     }
 
@@ -208,4 +212,22 @@ impl Core {
         self.events.close().await;
         self.retries.close().await;
     }
+}
+
+/// The pool of transformation runners `config` asks for (none is started before a run needs
+/// one).
+fn transform_pool(config: &TransformConfig) -> anyhow::Result<sheaf_transform::pool::Pool> {
+    use sheaf_transform::pool::{Pool, RunnerCommand};
+    let command = match &config.runner {
+        TransformRunner::Command(command) => command.clone(),
+        TransformRunner::ThisExecutable => RunnerCommand {
+            program: std::env::current_exe().map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot find this process's executable, which runs transformations: {e}"
+                )
+            })?,
+            args: vec!["transform-runner".into()],
+        },
+    };
+    Ok(Pool::new(command, config.runners))
 }

@@ -170,11 +170,21 @@ fn destination_input(destinations: &Registry) -> Value {
                 "config": kind.config_schema(),
                 "headers": headers_schema(&reserved),
                 "enabled": { "type": "boolean", "default": true },
-                "signing": signing_schema("How deliveries are signed; absent: hmac-sha256")
+                "signing": signing_schema("How deliveries are signed; absent: hmac-sha256"),
+                "transform": transform_schema("A jq program that maps each event to the body sent; absent or null: the event's data as published")
             }
         })
     };
     json!({ "oneOf": destinations.iter().map(one).collect::<Vec<_>>() })
+}
+
+/// A destination's `transform`: a jq program, or null.
+fn transform_schema(description: &str) -> Value {
+    json!({
+        "type": ["string", "null"],
+        "maxLength": sheaf_transform::MAX_SOURCE_BYTES,
+        "description": description
+    })
 }
 
 /// `{"algorithm": …}` of a destination's input.
@@ -291,6 +301,36 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
             }
         },
         "DestinationInput": destination_input(destinations),
+        "TryTransformation": {
+            "type": "object",
+            "required": ["transform"],
+            "additionalProperties": false,
+            "properties": {
+                "transform": transform_schema("The program to try"),
+                "event": {
+                    "type": "object",
+                    "required": ["topic", "data"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "id": { "type": "string" },
+                        "topic": { "type": "string" },
+                        "data": {}
+                    },
+                    "description": "An event to try it on (give this or event_id)"
+                },
+                "event_id": { "type": "string", "description": "A logged event of the tenant to try it on (give this or event)" }
+            }
+        },
+        "TransformationResult": {
+            "type": "object",
+            "required": ["result", "body", "headers", "error"],
+            "properties": {
+                "result": { "enum": ["send", "drop", "failed"], "description": "send: the body (and headers) a receiver would get; drop: the event is filtered; failed: the attempt would fail for good, with error" },
+                "body": { "description": "The body that would be sent, as JSON; null unless result is send" },
+                "headers": { "type": "object", "additionalProperties": { "type": "string" }, "description": "Headers the program adds (with_headers)" },
+                "error": { "type": ["string", "null"] }
+            }
+        },
         "DestinationPatch": {
             "type": "object",
             "additionalProperties": false,
@@ -307,12 +347,13 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 },
                 "headers": headers_schema(&destinations.reserved_headers()),
                 "enabled": { "type": "boolean" },
-                "signing": signing_schema("Another algorithm than the current key's rotates to a fresh key of it (the old one keeps signing for SHEAF_SECRET_ROTATION_GRACE); the same one changes nothing")
+                "signing": signing_schema("Another algorithm than the current key's rotates to a fresh key of it (the old one keeps signing for SHEAF_SECRET_ROTATION_GRACE); the same one changes nothing"),
+                "transform": transform_schema("A new jq program, or null for none")
             }
         },
         "Destination": {
             "type": "object",
-            "required": ["id", "tenant_id", "type", "topics", "filter", "rate_limit", "config", "headers", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
+            "required": ["id", "tenant_id", "type", "topics", "filter", "rate_limit", "config", "headers", "transform", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
             "properties": {
                 "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
@@ -322,6 +363,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "rate_limit": { "type": ["object", "null"], "properties": { "per_second": { "type": "integer" } } },
                 "config": { "type": "object", "description": "As its type defines it (see DestinationInput), with the password of a `url`, if any, shown as `***`" },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+                "transform": { "type": ["string", "null"], "description": "The jq program that shapes each delivery, or null" },
                 "enabled": { "type": "boolean" },
                 "disabled_reason": {
                     "type": ["object", "null"],

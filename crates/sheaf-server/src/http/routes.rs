@@ -258,6 +258,33 @@ pub fn routes() -> Vec<Route> {
             handler: |m| on(m, handlers::delete_destination),
         },
         Route {
+            method: Method::POST,
+            path: "/api/v1/tenants/{tenant_id}/transformations/try",
+            operation_id: "tryTransformation",
+            summary: "Run a transformation on an event (given, or logged) as a delivery would; nothing is sent.",
+            tag: "destinations",
+            access: Access::TenantPath,
+            query: &[],
+            request: Some("TryTransformation"),
+            responses: &[
+                (
+                    200,
+                    "What the program made of the event",
+                    Some("TransformationResult"),
+                ),
+                E400,
+                E401,
+                E404,
+                E413,
+                (
+                    503,
+                    "No transformation runner could run it; retry",
+                    Some("Error"),
+                ),
+            ],
+            handler: |m| on(m, handlers::try_transform),
+        },
+        Route {
             method: Method::PUT,
             path: "/api/v1/tenants/{tenant_id}/destinations/{destination_id}/enable",
             operation_id: "enableDestination",

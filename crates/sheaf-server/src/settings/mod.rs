@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sheaf_coalesce::{LookupConfig, WriteConfig};
+use sheaf_engine::{TransformConfig, TransformRunner};
 
 pub use cdc::{CdcSettings, TableTenants};
 pub use docs::{settings_help, with_part_between};
@@ -201,6 +202,11 @@ impl Config {
             operator_webhook: parse_operator_webhook(&values)?,
             traces: otlp_endpoint.is_some(),
             cdc,
+            transforms: TransformConfig {
+                runner: parse_transform_runner(&values),
+                runners: values.usize(&s::TRANSFORM_RUNNERS)?,
+                max_body_bytes: values.usize(&s::MAX_BODY_BYTES)?,
+            },
         };
         Ok(Self {
             engine,
@@ -298,6 +304,22 @@ fn parse_public_url(values: &Values) -> Result<Option<String>, ConfigError> {
 }
 
 /// `SHEAF_EGRESS_PROXY`: an `http` or `https` URL with a host and a port, nothing after it.
+/// `SHEAF_TRANSFORM_RUNNER`: an executable and its arguments, split at spaces; unset, this
+/// binary. Whether it starts a runner is checked at start-up, when the engine runs.
+fn parse_transform_runner(values: &Values) -> TransformRunner {
+    let Some(raw) = values.optional(&s::TRANSFORM_RUNNER) else {
+        return TransformRunner::ThisExecutable;
+    };
+    let mut words = raw.split_whitespace();
+    match words.next() {
+        None => TransformRunner::ThisExecutable,
+        Some(program) => TransformRunner::Command(sheaf_transform::pool::RunnerCommand {
+            program: program.into(),
+            args: words.map(Into::into).collect(),
+        }),
+    }
+}
+
 fn parse_egress_proxy(values: &Values) -> Result<Option<url::Url>, ConfigError> {
     let Some(raw) = values.optional(&s::EGRESS_PROXY) else {
         return Ok(None);

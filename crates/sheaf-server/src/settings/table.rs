@@ -696,6 +696,23 @@ pub const SHUTDOWN_TIMEOUT: Setting = setting(
     },
     "On SIGTERM or ctrl-c, how long in-flight deliveries may take to finish before they are abandoned (their jobs come back when their lease ends).",
 );
+// Tenants' jq programs run in processes of their own (a runaway or a crash costs a runner, not
+// the service); `sheaf` itself is the runner unless told otherwise.
+/// `SHEAF_TRANSFORM_RUNNER`.
+pub const TRANSFORM_RUNNER: Setting = setting(
+    "SHEAF_TRANSFORM_RUNNER",
+    None,
+    Kind::Text("an executable's path, then its arguments, separated by spaces"),
+    "The command that starts a transformation runner, the process destinations' transformations run in (it reads requests on its standard input). Unset: this `sheaf` binary as `sheaf transform-runner`. When set, it is started and checked at start-up.",
+);
+// Two runners keep one slow program from holding up every other; each is a small process.
+/// `SHEAF_TRANSFORM_RUNNERS`.
+pub const TRANSFORM_RUNNERS: Setting = setting(
+    "SHEAF_TRANSFORM_RUNNERS",
+    Some("2"),
+    Kind::Integer { min: 1, max: 64 },
+    "How many transformation runner processes run at most; each is started when first needed. A run that has not answered after a second has its runner stopped and its program refused.",
+);
 /// `SHEAF_CDC_ENABLED`.
 pub const CDC_ENABLED: Setting = setting(
     "SHEAF_CDC_ENABLED",
@@ -891,6 +908,8 @@ pub const SETTINGS: &[Setting] = &[
     OPERATOR_WEBHOOK_SECRET,
     ENTITY_CACHE_TTL,
     SHUTDOWN_TIMEOUT,
+    TRANSFORM_RUNNER,
+    TRANSFORM_RUNNERS,
     CDC_ENABLED,
     CDC_POSTGRES_URL,
     CDC_SLOT,

@@ -46,6 +46,9 @@ impl Fixture {
             "PublishInput" => json!({
                 "tenant_id": self.tenant, "topic": "walk.published", "data": { "walk": true }
             }),
+            "TryTransformation" => json!({
+                "transform": "{walked: .data}", "event": { "topic": "walk.tried", "data": {} }
+            }),
             "RetryInput" => json!({ "event_id": self.event, "destination_id": self.destination }),
             "ReplayInput" => json!({
                 "status": "any", "since": "2026-01-01T00:00:00Z", "until": "2026-01-02T00:00:00Z"

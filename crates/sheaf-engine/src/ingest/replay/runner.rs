@@ -340,9 +340,7 @@ impl Runner {
         {
             return Verdict::Replayed;
         }
-        if self.selection.source == Source::Failed
-            && latest.is_some_and(|l| l.status.settles())
-        {
+        if self.selection.source == Source::Failed && latest.is_some_and(|l| l.status.settles()) {
             return Verdict::Delivered;
         }
         Verdict::Enqueue

@@ -32,10 +32,12 @@ pub enum DeliveryOutcome {
     /// Held back by the destination's rate limit or a `Retry-After` pause: rescheduled to its
     /// turn, not an attempt.
     Paced,
+    /// The destination's transformation dropped the event: nothing was sent, nothing is owed.
+    Filtered,
 }
 
 impl DeliveryOutcome {
-    const ALL: [DeliveryOutcome; 8] = [
+    const ALL: [DeliveryOutcome; 9] = [
         DeliveryOutcome::Success,
         DeliveryOutcome::Failed,
         DeliveryOutcome::DeadLettered,
@@ -44,6 +46,7 @@ impl DeliveryOutcome {
         DeliveryOutcome::Dropped,
         DeliveryOutcome::EventMissing,
         DeliveryOutcome::Paced,
+        DeliveryOutcome::Filtered,
     ];
 
     fn label(self) -> &'static str {
@@ -54,6 +57,7 @@ impl DeliveryOutcome {
             DeliveryOutcome::Superseded => "superseded",
             DeliveryOutcome::NotReady => "not_ready",
             DeliveryOutcome::Dropped => "dropped",
+            DeliveryOutcome::Filtered => "filtered",
             DeliveryOutcome::EventMissing => "event_missing",
             DeliveryOutcome::Paced => "paced",
         }
@@ -126,7 +130,7 @@ impl TypeAttempts {
 pub struct Metrics {
     /// Attempts by destination type, for the types this process has (set once at start).
     by_type: std::sync::OnceLock<Box<[TypeAttempts]>>,
-    deliveries: [AtomicU64; 8],
+    deliveries: [AtomicU64; DeliveryOutcome::ALL.len()],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_micros: AtomicU64,

@@ -40,6 +40,7 @@ fn destination_json(d: &Destination) -> Value {
         // form, the API never shows it again.
         "config": url_password::redacted(&d.config),
         "headers": d.headers,
+        "transform": d.transform,
         "enabled": d.enabled,
         "disabled_reason": d.disabled_reason.as_ref().map(|r| json!({
             "reason": r.reason,
@@ -119,6 +120,9 @@ pub(crate) struct DestinationInput {
     /// Absent: HMAC-SHA256.
     #[serde(default, deserialize_with = "not_null")]
     signing: Option<SigningInput>,
+    /// A jq program that reshapes each event; absent or `null`: none.
+    #[serde(default)]
+    transform: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -142,6 +146,9 @@ pub(crate) struct DestinationPatchInput {
     /// Another algorithm rotates to a fresh key of it; the same one changes nothing.
     #[serde(default, deserialize_with = "not_null")]
     signing: Option<SigningInput>,
+    /// Absent: unchanged; `null`: removed; a program: replaced.
+    #[serde(default, deserialize_with = "present")]
+    transform: Option<Option<String>>,
 }
 
 /// An optional field that, when given, must be a value: `null` is refused ("invalid type: null,
@@ -186,6 +193,34 @@ fn check_rate_limit(input: Option<RateLimitInput>) -> Result<Option<RateLimit>, 
     RateLimit::new(per_second)
         .map(Some)
         .map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// A transformation, compiled now so that a program that cannot run is refused when it is
+/// saved (`transform: line 1, column 16: expected closing brace`), never found at delivery.
+/// Compiling runs no part of the program.
+pub(crate) async fn check_transform(source: Option<String>) -> Result<Option<String>, ApiError> {
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    compile_transform(&source).await?;
+    Ok(Some(source))
+}
+
+/// Compiles `source` off the runtime's threads (the compiler takes a thread of its own).
+pub(crate) async fn compile_transform(source: &str) -> Result<(), ApiError> {
+    let invalid =
+        |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_transform", message);
+    if source.contains('\0') {
+        return Err(invalid(
+            "transform: the program contains a NUL character".to_owned(),
+        ));
+    }
+    let owned = source.to_owned();
+    tokio::task::spawn_blocking(move || sheaf_transform::Transform::compile(&owned))
+        .await
+        .map_err(|e| invalid(format!("transform: the compiler failed: {e}")))?
+        .map(drop)
+        .map_err(|e| invalid(format!("transform: {e}")))
 }
 
 /// A payload filter, refused with the path of what is wrong in it (`filter.data.total.$gte: …`).
@@ -304,6 +339,7 @@ pub(crate) async fn create_destination(
         .transpose()?
         .unwrap_or(SigningAlgorithm::HmacSha256);
     let config = checked_config(kind_impl, &input.config, None).await?;
+    let transform = check_transform(input.transform).await?;
     let now = Timestamp::now();
     let destination = Destination {
         id: DestinationId::generate(),
@@ -314,8 +350,7 @@ pub(crate) async fn create_destination(
         filter,
         rate_limit,
         headers: input.headers,
-        // Transformations are not offered through the API yet (sheaf-transform).
-        transform: None,
+        transform,
         enabled: input.enabled.unwrap_or(true),
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
         consecutive_failures: 0,
@@ -396,6 +431,10 @@ pub(crate) async fn patch_destination(
     if let Some(headers) = &input.headers {
         check_headers(headers, app.engine.destination_types())?;
     }
+    let transform = match input.transform {
+        Some(source) => Some(check_transform(source).await?),
+        None => None,
+    };
     let config = if let Some(config) = &input.config {
         // A config is its type's to check: read the destination's type first (a type never
         // changes, so nothing races this read).
@@ -417,7 +456,7 @@ pub(crate) async fn patch_destination(
         filter,
         rate_limit,
         headers: input.headers,
-        transform: None,
+        transform,
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };

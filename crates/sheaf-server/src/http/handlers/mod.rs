@@ -7,12 +7,14 @@ mod events;
 mod operations;
 mod replays;
 mod tenants;
+mod transforms;
 
 pub(crate) use destinations::*;
 pub(crate) use events::*;
 pub(crate) use operations::*;
 pub(crate) use replays::*;
 pub(crate) use tenants::*;
+pub(crate) use transforms::*;
 
 use axum::response::Response;
 use sheaf_store::{DestinationId, TenantId};

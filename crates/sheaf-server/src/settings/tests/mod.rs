@@ -118,6 +118,10 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
         "postgres://app:secret@127.0.0.1:5433/other",
     ),
     ("SHEAF_CDC_SLOT", "other_slot"),
+    (
+        "SHEAF_TRANSFORM_RUNNER",
+        "/usr/local/bin/sheaf-transform-runner",
+    ),
     ("SHEAF_CDC_PUBLICATION", "other_pub"),
     ("SHEAF_CDC_TENANTS", "acme"),
     ("SHEAF_LOG", "debug"),

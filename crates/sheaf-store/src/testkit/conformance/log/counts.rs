@@ -27,16 +27,16 @@ pub async fn count_attempts_buckets_by_time_and_status(store: &dyn LogStore) {
     let failed = AttemptStatus::Failed;
     let filtered = AttemptStatus::Filtered;
     let mut attempts = vec![
-        at(-1, ok),                  // before the first bucket
-        at(0, ok),                   // bucket 0, at its start
-        at(minute - 1, failed),      // bucket 0, at its end
-        at(minute, failed),          // bucket 1
-        at(minute + SECOND, failed), // bucket 1
+        at(-1, ok),                   // before the first bucket
+        at(0, ok),                    // bucket 0, at its start
+        at(minute - 1, failed),       // bucket 0, at its end
+        at(minute, failed),           // bucket 1
+        at(minute + SECOND, failed),  // bucket 1
         at(2 * minute + 5, filtered), // bucket 2: neither a success nor a failure
-        at(3 * minute + 7, ok),      // bucket 3
+        at(3 * minute + 7, ok),       // bucket 3
         at(3 * minute + 9, filtered), // bucket 3
-        at(6 * minute - 1, ok),      // bucket 5, the last microsecond
-        at(6 * minute, failed),      // after the last bucket
+        at(6 * minute - 1, ok),       // bucket 5, the last microsecond
+        at(6 * minute, failed),       // after the last bucket
     ];
     let repeated = attempts[6].clone();
     attempts.push(repeated);
