@@ -56,10 +56,35 @@ impl Sheaf {
 
     /// Creates the tenant and one webhook destination for every topic pointing at `url`.
     pub async fn add_destination(&self, tenant: &str, url: &str) -> anyhow::Result<()> {
-        self.api
-            .tenant_with_destination(&self.process.base(), tenant, url)
-            .await?;
-        Ok(())
+        self.add_destination_with(tenant, url, None).await.map(drop)
+    }
+
+    /// [`Sheaf::add_destination`], with `transform` as the destination's transformation (a jq
+    /// program) when given; returns the destination's id.
+    pub async fn add_destination_with(
+        &self,
+        tenant: &str,
+        url: &str,
+        transform: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let base = self.process.base();
+        let id = self.api.tenant_with_destination(&base, tenant, url).await?;
+        if let Some(program) = transform {
+            let (status, body) = self
+                .api
+                .call(
+                    reqwest::Method::PATCH,
+                    &base,
+                    &format!("/api/v1/tenants/{tenant}/destinations/{id}"),
+                    Some(&serde_json::json!({ "transform": program })),
+                )
+                .await?;
+            anyhow::ensure!(
+                status == 200,
+                "setting the transformation answered {status}: {body}"
+            );
+        }
+        Ok(id)
     }
 
     /// Creates one destination of type `kind` (`webhook`, `rabbitmq`, `nats`, …) for every topic
@@ -105,9 +130,10 @@ impl Sheaf {
         self.process.pid()
     }
 
-    /// CPU time the process used so far, all threads.
+    /// CPU time the process and its children (transformation runners) used so far, all
+    /// threads.
     pub fn cpu_time(&self) -> Option<Duration> {
-        self.process.cpu_time()
+        sheaf_testenv::process::tree_cpu_time(self.process.pid())
     }
 
     /// SIGTERM, then up to 30 s for a graceful stop, then SIGKILL and an error.

@@ -87,7 +87,10 @@ pub(super) async fn run_backend(
         .join("logs")
         .join(format!("delivery-{backend:?}.log").to_lowercase());
     let sheaf = Sheaf::start(bin, &env, &log).await?;
-    sheaf.add_destination("bench", &receiver.url()).await?;
+    let transform = (backend == Backend::MemoryTransformed).then_some(super::TRANSFORM);
+    sheaf
+        .add_destination_with("bench", &receiver.url(), transform)
+        .await?;
     let publisher = sheaf.publisher("bench");
     let pad = Arc::new("x".repeat(PAD_BYTES));
     let payload_bytes =

@@ -33,6 +33,11 @@ pub(super) const QUESTION: &str = "How many events per second does one `sheaf` p
     to a 2xx at a local receiver, with what latency and memory, on the memory backends, on one \
     SQLite file and on Postgres + ClickHouse?";
 
+/// A transformation of typical size: the body reshaped (the `seq` the receiver reads kept), the
+/// event's id and topic added, a header set from the data.
+pub(super) const TRANSFORM: &str = r#"{seq: .data.seq, event: {id, topic, tenant: .metadata.tenant_id}, pad: .data.pad}
+    | with_headers({"x-seq": ($event.data.seq | tostring)})"#;
+
 /// The bytes of each event's `pad` (the payload is `{"seq": n, "pad": "…"}`).
 pub(super) const PAD_BYTES: usize = 1_000;
 
@@ -42,6 +47,9 @@ pub(super) enum Backend {
     /// The memory backends with every span exported to an OTLP/HTTP sink (`SHEAF_OTLP_ENDPOINT`):
     /// what tracing costs, side by side with the run without it.
     MemoryTraced,
+    /// The memory backends with [`TRANSFORM`] on the destination: what a transformation costs
+    /// end to end (its runner processes' CPU counted with the `sheaf` process's).
+    MemoryTransformed,
     /// Every store in one SQLite file (`SHEAF_SQLITE_SYNC=normal`, the default).
     Sqlite,
     /// The same with `SHEAF_SQLITE_SYNC=full`: an fsync per group commit.
@@ -55,6 +63,7 @@ impl Backend {
         match self {
             Backend::Memory => "memory",
             Backend::MemoryTraced => "memory, traces exported",
+            Backend::MemoryTransformed => "memory, transformed",
             Backend::Sqlite => "SQLite",
             Backend::SqliteFull => "SQLite, sync full",
             Backend::Postgres => "Postgres + Postgres",
@@ -64,7 +73,7 @@ impl Backend {
 }
 
 /// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,sqlite,sqlite-full,postgres,clickhouse` and a steady phase length in seconds. The figures in
+/// subset of `memory,traced,transformed,sqlite,sqlite-full,postgres,clickhouse` and a steady phase length in seconds. The figures in
 /// docs/benchmarks.md always come from a run without them.
 const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
 const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
@@ -75,6 +84,7 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
     let all = vec![
         Backend::Memory,
         Backend::MemoryTraced,
+        Backend::MemoryTransformed,
         Backend::Sqlite,
         Backend::SqliteFull,
         Backend::Postgres,
@@ -87,12 +97,13 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
         .map(|name| match name.trim() {
             "memory" => Ok(Backend::Memory),
             "traced" => Ok(Backend::MemoryTraced),
+            "transformed" => Ok(Backend::MemoryTransformed),
             "sqlite" => Ok(Backend::Sqlite),
             "sqlite-full" => Ok(Backend::SqliteFull),
             "postgres" => Ok(Backend::Postgres),
             "clickhouse" => Ok(Backend::PostgresClickHouse),
             other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, sqlite, sqlite-full, postgres or clickhouse"
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, sqlite, sqlite-full, postgres or clickhouse"
             ),
         })
         .collect()

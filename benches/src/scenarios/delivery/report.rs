@@ -263,6 +263,37 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             traced.trace_exports.unwrap_or(0),
         ));
     }
+    if let (Some(plain), Some(shaped)) = (
+        measured.iter().find(|m| m.backend == Backend::Memory),
+        measured
+            .iter()
+            .find(|m| m.backend == Backend::MemoryTransformed),
+    ) {
+        let cpu = |m: &Measured| m.saturation.sheaf_cpu_us_per_event;
+        let extra = match (cpu(shaped), cpu(plain)) {
+            (Some(with), Some(without)) => format!(
+                "{with:.0} µs of CPU per event (sheaf and its runners) against {without:.0} \
+                 µs, {:+.0} µs",
+                with - without
+            ),
+            _ => "CPU not read".to_owned(),
+        };
+        report.note(format!(
+            "A transformation's cost: with a typical jq program on the destination (`{}`), run \
+             in `sheaf transform-runner` processes, the memory backends delivered {} events/s at \
+             saturation against {} without ({}; target ≥ 0.8x), {extra}; publish p50 {} \
+             against {}.",
+            super::TRANSFORM
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+            report::count(shaped.saturation.events_per_s),
+            report::count(plain.saturation.events_per_s),
+            report::ratio(shaped.saturation.events_per_s / plain.saturation.events_per_s),
+            report::millis(shaped.saturation.publish_p50_ms),
+            report::millis(plain.saturation.publish_p50_ms),
+        ));
+    }
     if let Some(profile) = measured
         .iter()
         .find(|m| m.backend == Backend::Memory)

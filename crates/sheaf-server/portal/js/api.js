@@ -122,6 +122,8 @@ export const setDestinationEnabled = (id, enabled, opts) =>
   call('PUT', tenant('destinations', id, enabled ? 'enable' : 'disable'), opts);
 export const rotateSecret = (id, opts) =>
   call('POST', tenant('destinations', id, 'rotate-secret'), opts);
+export const tryTransformation = (body, opts) =>
+  call('POST', tenant('transformations', 'try'), { ...opts, body });
 export const deleteDestination = (id, opts) => call('DELETE', tenant('destinations', id), opts);
 
 /** `filters`: topic, since, until (RFC 3339), next, limit. */

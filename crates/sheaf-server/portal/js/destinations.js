@@ -86,7 +86,8 @@ export function render(root, { signal }) {
       replace(tr,
         h('td', {}, h('span', { class: 'type' }, d.type),
           h('span', { class: 'muted small block', testid: 'destination-signing' },
-            d.credentials?.algorithm ?? '')),
+            d.credentials?.algorithm ?? ''),
+          d.transform ? h('span', { class: 'muted small block', testid: 'destination-transformed' }, 'transformed') : null),
         h('td', { class: 'url' }, h('code', { testid: 'destination-url' }, d.config?.url ?? ''),
           h('span', { class: 'muted small block mono' }, d.id)),
         h('td', { testid: 'destination-topics' }, d.topics.map((t) => h('span', { class: 'chip' }, t))),
@@ -138,15 +139,23 @@ export function render(root, { signal }) {
     function edit() {
       const url = h('input', { type: 'url', required: true, value: d.config?.url ?? '', testid: 'edit-url' });
       const topics = h('input', { type: 'text', required: true, value: d.topics.join(', '), testid: 'edit-topics' });
+      const program = h('textarea', {
+        class: 'mono', rows: 4, spellcheck: 'false', testid: 'edit-transform',
+        placeholder: '{order: .data.id, total: .data.total}',
+      });
+      program.value = d.transform ?? '';
       const form = h('form', { class: 'edit-form', testid: 'destination-edit-form' },
         d.type === 'webhook' ? field('URL', url) : null,
         field('Topics', topics, 'Comma-separated exact topics, or * alone for every topic'),
+        field('Transformation', program,
+          'A jq program from the event ({id, topic, data, metadata}) to the body sent; empty sends the data as published, no output drops the event'),
+        tryPanel(program),
         h('div', { class: 'actions' },
           h('button', { type: 'submit', class: 'btn small primary', testid: 'edit-save' }, 'Save'),
           button('Cancel', fill, { class: 'btn small' })), message);
       form.addEventListener('submit', (e) => {
         e.preventDefault();
-        const body = { topics: parseTopics(topics.value) };
+        const body = { topics: parseTopics(topics.value), transform: program.value.trim() || null };
         if (d.type === 'webhook') body.config = { ...d.config, url: url.value.trim() };
         act(form.querySelector('[type=submit]'), async () => {
           d = await api.updateDestination(d.id, body, { signal });
@@ -159,6 +168,45 @@ export function render(root, { signal }) {
 
     fill();
     return tr;
+  }
+
+  /** The dry run next to a transformation: an event to try it on, and what a receiver would get. */
+  function tryPanel(program) {
+    const sample = h('textarea', { class: 'mono', rows: 4, spellcheck: 'false', testid: 'try-event' });
+    sample.value = JSON.stringify({ topic: 'order.paid', data: { id: 'ord_1', total: 250 } }, null, 2);
+    const result = h('div', { 'aria-live': 'polite', testid: 'try-result' });
+    const run = button('Try it', async (e) => {
+      result.replaceChildren();
+      let event;
+      try {
+        event = JSON.parse(sample.value);
+      } catch (error) {
+        replace(result, alertBox(new Error(`The event is not JSON: ${error.message}`), 'try-error'));
+        return;
+      }
+      await whileBusy(e.currentTarget, async () => {
+        try {
+          const out = await api.tryTransformation({ transform: program.value, event }, { signal });
+          const said = {
+            send: 'A receiver would get this body',
+            drop: 'The event is dropped: nothing is sent, the attempt is recorded as filtered',
+            failed: 'The attempt would fail, and not be retried',
+          }[out.result];
+          replace(result, h('div', { class: 'try-out', 'data-result': out.result },
+            h('p', { class: 'muted small' }, said),
+            out.result === 'send' ? h('pre', { class: 'excerpt', testid: 'try-body' }, JSON.stringify(out.body, null, 2)) : null,
+            Object.keys(out.headers).length ? h('pre', { class: 'excerpt', testid: 'try-headers' },
+              Object.entries(out.headers).map(([k, v]) => `${k}: ${v}`).join('\n')) : null,
+            out.error ? h('p', { class: 'attempt-error', testid: 'try-failure' }, out.error) : null));
+        } catch (error) {
+          if (error.name !== 'AbortError') replace(result, alertBox(error, 'try-error'));
+        }
+      });
+    }, { class: 'btn small', testid: 'try-run' });
+    return h('details', { class: 'try-panel', testid: 'try-panel' },
+      h('summary', {}, 'Try the transformation'),
+      field('Event', sample, 'An event to run it on: {"topic", "data"}'),
+      h('div', { class: 'actions' }, run), result);
   }
 
   root.append(h('div', { class: 'screen-head' }, h('h1', {}, 'Destinations'),

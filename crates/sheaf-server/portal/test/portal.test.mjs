@@ -359,6 +359,46 @@ const steps = [
     expect(await page.getByTestId('public-key-value').textContent() === shown, 'shown again');
     expect(!(await page.textContent('body')).includes('whsk_'), 'no private key in the page');
   }],
+
+  ['k. a transformation tried next to the settings, saved, and applied to deliveries', async () => {
+    const row = page.locator(`[data-testid=destination-row][data-id="${destinationId}"]`);
+    await row.getByTestId('destination-edit').click();
+    const form = page.getByTestId('destination-edit-form');
+    await form.waitFor();
+    const program = 'if .data.total < 20 then empty else {order: .data.order, cents: (.data.total * 100)} end';
+    // The refused program's 400 is logged by the browser, on purpose.
+    expectedConsole = [/status of 400/];
+    await form.getByTestId('edit-transform').fill('{order: .data.order');
+    await form.locator('[data-testid=try-panel] summary').click();
+    await form.getByTestId('try-event').fill(JSON.stringify({ topic: 'order.created', data: { order: 7, total: 25 } }));
+    await form.getByTestId('try-run').click();
+    const refused = await form.getByTestId('try-error').textContent();
+    expect(refused.includes('line 1'), `a syntax error names its place: ${refused}`);
+    expectedConsole = [];
+    await form.getByTestId('edit-transform').fill(program);
+    await form.getByTestId('try-run').click();
+    const tried = JSON.parse(await form.getByTestId('try-body').textContent());
+    expect(tried.order === 7 && tried.cents === 2500 && tried.total === undefined, `the dry run's body: ${JSON.stringify(tried)}`);
+    await shot(page, '11-transformation-tried.png');
+    await form.getByTestId('edit-save').click();
+    await row.getByTestId('destination-transformed').waitFor();
+    const saved = await apiOk('GET', `/api/v1/tenants/${TENANT_A}/destinations/${destinationId}`);
+    expect(saved.transform === program, `saved: ${saved.transform}`);
+
+    const [shaped, dropped] = [`portal-${RUN}-5`, `portal-${RUN}-6`];
+    await publish(shaped, { order: 5, total: 50 });
+    await publish(dropped, { order: 6, total: 6 });
+    await until('the transformed delivery', () => receiver.got.has(shaped));
+    const body = JSON.parse(receiver.got.get(shaped)[0].body);
+    expect(body.order === 5 && body.cents === 5000 && body.total === undefined, `the receiver got ${JSON.stringify(body)}`);
+    await until('the filtered attempt', async () => (await attemptsOf(dropped)).some((a) => a.status === 'filtered'));
+    expect(!receiver.got.has(dropped), 'a dropped event is not sent');
+    await page.evaluate((id) => { window.location.hash = `#/events/${encodeURIComponent(id)}`; }, dropped);
+    const filtered = page.locator('[data-testid=attempt][data-status=filtered]');
+    await filtered.waitFor();
+    expect(await filtered.getByTestId('attempt-status').textContent() === 'filtered', 'the timeline says filtered');
+    await shot(page, '12-filtered.png');
+  }],
 ];
 
 for (const [name, body] of steps) {
