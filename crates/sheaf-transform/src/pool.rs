@@ -2,25 +2,31 @@
 //! programs, so that a program that loops, overflows its stack or exhausts memory costs one
 //! runner and never the service.
 //!
-//! [`Pool::run`] hands a request to an idle runner (starting one if fewer than the pool's size
-//! are running) and waits for the reply. A runner that has not answered after
-//! [`Pool::runaway_after`] is killed; a runner that dies while running a program is gone. Either
-//! way the program is **refused** from then on in this process (its next runs fail at once,
-//! saying why), until it is changed: a changed program is another program. Runs of other
-//! programs go on in the other runners and in a fresh one started in its place.
+//! Requests are **batched**, the way Sheaf coalesces database work: [`Pool::run`] queues its
+//! request and, if a runner is idle (or fewer than the pool's size exist), sets one driving.
+//! A driving runner takes every queued request at once (up to [`MAX_BATCH`]), writes them in one
+//! write, and reads the replies in order, so under load a runner pays one pipe round trip and
+//! one pair of context switches per batch, not per event; when the queue is empty it goes idle.
+//!
+//! Replies come in request order, so the runner is running request *i* from the moment reply
+//! *i − 1* arrived: a reply that has not come [`Pool::runaway_after`] later, or a runner that
+//! dies before it, is request *i*'s program's doing. Its runner is killed (or gone), that
+//! program is **refused** from then on in this process (its next runs fail at once, saying
+//! why) until it is changed (a changed program is another program), and the requests behind it
+//! in the batch go back to the front of the queue for a fresh runner.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::hash::{Hash as _, Hasher as _};
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 use crate::wire::{Reply, Request, frame_length};
 use crate::{Event, Limits, Output};
@@ -64,14 +70,37 @@ impl Failure {
     }
 }
 
+/// The most requests one batch carries.
+pub const MAX_BATCH: usize = 64;
+
 /// A pool of runner processes.
 pub struct Pool {
     command: RunnerCommand,
     size: usize,
-    permits: Semaphore,
-    idle: Mutex<Vec<Runner>>,
-    refused: Mutex<HashMap<u64, String>>,
     runaway_after: Duration,
+    shared: Arc<Shared>,
+}
+
+/// What the callers and the driving runners share.
+struct Shared {
+    state: Mutex<State>,
+    refused: Mutex<HashMap<u64, String>>,
+}
+
+struct State {
+    /// Requests no runner has taken yet, oldest first.
+    waiting: VecDeque<Pending>,
+    /// Runners with nothing to do.
+    idle: Vec<Runner>,
+    /// Runners that exist: idle, driving, or being started.
+    running: usize,
+}
+
+/// One queued request and where its answer goes.
+struct Pending {
+    key: u64,
+    frame: Vec<u8>,
+    answer: oneshot::Sender<Result<Output, Failure>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -86,14 +115,18 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// A pool of at most `size` runners (at least one), started by `command` when first needed.
     pub fn new(command: RunnerCommand, size: usize) -> Self {
-        let size = size.max(1);
         Pool {
             command,
-            size,
-            permits: Semaphore::new(size),
-            idle: Mutex::new(Vec::new()),
-            refused: Mutex::new(HashMap::new()),
+            size: size.max(1),
             runaway_after: RUNAWAY_AFTER,
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    waiting: VecDeque::new(),
+                    idle: Vec::new(),
+                    running: 0,
+                }),
+                refused: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
@@ -127,12 +160,10 @@ impl Pool {
         limits: &Limits,
     ) -> Result<Output, Failure> {
         let key = source_key(source);
-        if let Some(reason) = lock(&self.refused).get(&key) {
-            return Err(Failure::permanent(format!(
-                "{reason}; it is not run again in this process until it is changed"
-            )));
+        if let Some(refused) = self.shared.refused(key) {
+            return Err(refused);
         }
-        let request = Request {
+        let frame = Request {
             source: source.to_owned(),
             id: event.id.to_owned(),
             topic: event.topic.to_owned(),
@@ -141,41 +172,46 @@ impl Pool {
             limits: *limits,
         }
         .encode();
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .expect("the pool's semaphore is never closed");
-        let mut runner = self.idle_or_new()?;
-        match tokio::time::timeout(self.runaway_after, runner.exchange(&request)).await {
-            Ok(Ok(reply)) => {
-                lock(&self.idle).push(runner);
-                match reply {
-                    Reply::Ran(output) => Ok(output),
-                    Reply::Compile(e) => Err(Failure::permanent(format!(
-                        "the transformation does not compile: {e}"
-                    ))),
-                    Reply::Failed(message) => Err(Failure::permanent(message)),
+        let (answer, answered) = oneshot::channel();
+        let drive = {
+            let mut state = lock(&self.shared.state);
+            state.waiting.push_back(Pending { key, frame, answer });
+            match state.idle.pop() {
+                Some(runner) => Some(Some(runner)),
+                None if state.running < self.size => {
+                    state.running += 1;
+                    Some(None)
                 }
+                // Every runner is driving: one of them takes this request in its next batch.
+                None => None,
             }
-            Ok(Err(error)) => {
-                let status = runner.ended().await;
-                let reason = format!(
-                    "the transformation crashed its runner ({status}; {error}): it recursed too deep or used too much memory"
-                );
-                tracing::warn!(%reason, "a transformation runner ended; another is started when needed");
-                Err(self.refuse(key, reason))
-            }
-            Err(_) => {
-                runner.kill();
-                let reason = format!(
-                    "the transformation ran past {:?} and its runner was stopped",
-                    self.runaway_after
-                );
-                tracing::warn!(%reason, "a transformation runner was stopped");
-                Err(self.refuse(key, reason))
-            }
+        };
+        if let Some(runner) = drive {
+            // A task of its own: a caller that stops waiting does not stop the batch.
+            tokio::spawn(drive_runner(
+                Arc::clone(&self.shared),
+                self.command.clone(),
+                self.runaway_after,
+                runner,
+            ));
         }
+        answered.await.unwrap_or_else(|_| {
+            Err(Failure {
+                message: "the transformation's runner stopped before answering".to_owned(),
+                permanent: false,
+            })
+        })
+    }
+}
+
+impl Shared {
+    /// The failure of a refused program, if `key`'s is.
+    fn refused(&self, key: u64) -> Option<Failure> {
+        lock(&self.refused).get(&key).map(|reason| {
+            Failure::permanent(format!(
+                "{reason}; it is not run again in this process until it is changed"
+            ))
+        })
     }
 
     fn refuse(&self, key: u64, reason: String) -> Failure {
@@ -186,22 +222,82 @@ impl Pool {
         refused.insert(key, reason.clone());
         Failure::permanent(reason)
     }
+}
 
-    /// An idle runner still alive, or a new one.
-    fn idle_or_new(&self) -> Result<Runner, Failure> {
-        while let Some(mut runner) = lock(&self.idle).pop() {
-            // One that ended while idle (killed from outside) is replaced, not blamed.
-            if matches!(runner.child.try_wait(), Ok(None)) {
-                return Ok(runner);
+/// Drives one runner (`None`: start one) through batches until the queue is empty, then leaves
+/// it idle. Replaces a runner that died, and gives up (failing what waits, to be retried) only
+/// when none can be started.
+async fn drive_runner(
+    shared: Arc<Shared>,
+    command: RunnerCommand,
+    runaway_after: Duration,
+    runner: Option<Runner>,
+) {
+    // One that ended while idle (killed from outside) is replaced, not blamed.
+    let mut runner = runner.and_then(|mut r| matches!(r.child.try_wait(), Ok(None)).then_some(r));
+    loop {
+        let mut current = match runner.take() {
+            Some(current) => current,
+            None => match Runner::start(&command) {
+                Ok(started) => started,
+                Err(e) => {
+                    let message = format!(
+                        "cannot start the transformation runner {}: {e}",
+                        command.program.display()
+                    );
+                    let waiting: Vec<Pending> = {
+                        let mut state = lock(&shared.state);
+                        state.running -= 1;
+                        // Others still driving take what waits; the last one answers it.
+                        if state.running > 0 {
+                            Vec::new()
+                        } else {
+                            state.waiting.drain(..).collect()
+                        }
+                    };
+                    for pending in waiting {
+                        let _ = pending.answer.send(Err(Failure {
+                            message: message.clone(),
+                            permanent: false,
+                        }));
+                    }
+                    return;
+                }
+            },
+        };
+        let batch: Vec<Pending> = {
+            let mut state = lock(&shared.state);
+            if state.waiting.is_empty() {
+                state.idle.push(current);
+                return;
+            }
+            let n = state.waiting.len().min(MAX_BATCH);
+            state.waiting.drain(..n).collect()
+        };
+        // A program refused while its request waited is not run again.
+        let mut runnable = Vec::with_capacity(batch.len());
+        for pending in batch {
+            match shared.refused(pending.key) {
+                Some(refused) => {
+                    let _ = pending.answer.send(Err(refused));
+                }
+                None => runnable.push(pending),
             }
         }
-        Runner::start(&self.command).map_err(|e| Failure {
-            message: format!(
-                "cannot start the transformation runner {}: {e}",
-                self.command.program.display()
-            ),
-            permanent: false,
-        })
+        if runnable.is_empty() {
+            runner = Some(current);
+            continue;
+        }
+        match current.run_batch(&shared, runnable, runaway_after).await {
+            Ok(()) => runner = Some(current),
+            Err(rest) => {
+                // The runner is gone; what it had not answered waits first for the next one.
+                let mut state = lock(&shared.state);
+                for pending in rest.into_iter().rev() {
+                    state.waiting.push_front(pending);
+                }
+            }
+        }
     }
 }
 
@@ -245,30 +341,98 @@ impl Runner {
         })
     }
 
-    async fn exchange(&mut self, request: &[u8]) -> io::Result<Reply> {
-        self.stdin.write_all(request).await?;
-        self.stdin.flush().await?;
-        let mut prefix = [0u8; 4];
-        self.stdout.read_exact(&mut prefix).await?;
-        let mut frame = vec![0; frame_length(prefix)?];
-        self.stdout.read_exact(&mut frame).await?;
-        Reply::decode(&frame)
-    }
-
-    /// How the runner ended, once it has (it is killed if it has not within a second).
-    async fn ended(mut self) -> String {
-        match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
-            Ok(Ok(status)) => status.to_string(),
-            Ok(Err(e)) => format!("its status cannot be read: {e}"),
-            Err(_) => {
-                self.kill();
-                "it stopped answering and was stopped".to_owned()
+    /// Writes the batch and answers each request as its reply comes. `Err` with the requests
+    /// not answered when the runner is gone: killed as a runaway, or dead (the request it was
+    /// running is blamed, answered and its program refused).
+    async fn run_batch(
+        &mut self,
+        shared: &Shared,
+        batch: Vec<Pending>,
+        runaway_after: Duration,
+    ) -> Result<(), Vec<Pending>> {
+        let mut frames = Vec::with_capacity(batch.iter().map(|p| p.frame.len()).sum());
+        for pending in &batch {
+            frames.extend_from_slice(&pending.frame);
+        }
+        let Runner {
+            child,
+            stdin,
+            stdout,
+        } = self;
+        // Written while the replies are read: a batch larger than the pipe's buffer is taken in
+        // as the runner gets to it.
+        let write = async {
+            stdin.write_all(&frames).await?;
+            stdin.flush().await
+        };
+        let read = async {
+            let mut batch = batch.into_iter();
+            while let Some(pending) = batch.next() {
+                let blame = match tokio::time::timeout(runaway_after, read_reply(stdout)).await {
+                    Ok(Ok(reply)) => {
+                        let _ = pending.answer.send(answer(reply));
+                        continue;
+                    }
+                    Ok(Err(error)) => {
+                        let status = ended(child).await;
+                        format!(
+                            "the transformation crashed its runner ({status}; {error}): it recursed too deep or used too much memory"
+                        )
+                    }
+                    Err(_) => {
+                        let _ = child.start_kill();
+                        format!(
+                            "the transformation ran past {runaway_after:?} and its runner was stopped"
+                        )
+                    }
+                };
+                tracing::warn!(reason = %blame, "a transformation runner ended; another is started");
+                let _ = pending.answer.send(Err(shared.refuse(pending.key, blame)));
+                return Err(batch.collect::<Vec<_>>());
+            }
+            Ok(())
+        };
+        let (written, read) = tokio::join!(write, read);
+        match (read, written) {
+            (Err(rest), _) => Err(rest),
+            (Ok(()), Ok(())) => Ok(()),
+            // Every reply came, yet the write failed: the runner is not to be trusted further.
+            (Ok(()), Err(_)) => {
+                let _ = self.child.start_kill();
+                Err(Vec::new())
             }
         }
     }
+}
 
-    /// Kills the runner; Tokio reaps it.
-    fn kill(mut self) {
-        let _ = self.child.start_kill();
+/// Reads one reply frame.
+async fn read_reply(stdout: &mut BufReader<ChildStdout>) -> io::Result<Reply> {
+    let mut prefix = [0u8; 4];
+    stdout.read_exact(&mut prefix).await?;
+    let mut frame = vec![0; frame_length(prefix)?];
+    stdout.read_exact(&mut frame).await?;
+    Reply::decode(&frame)
+}
+
+/// What a reply means for its caller.
+fn answer(reply: Reply) -> Result<Output, Failure> {
+    match reply {
+        Reply::Ran(output) => Ok(output),
+        Reply::Compile(e) => Err(Failure::permanent(format!(
+            "the transformation does not compile: {e}"
+        ))),
+        Reply::Failed(message) => Err(Failure::permanent(message)),
+    }
+}
+
+/// How a runner that stopped answering ended (it is killed if it has not within a second).
+async fn ended(child: &mut Child) -> String {
+    match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(e)) => format!("its status cannot be read: {e}"),
+        Err(_) => {
+            let _ = child.start_kill();
+            "it stopped answering and was stopped".to_owned()
+        }
     }
 }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::Arc;
 
-use crate::wire::{Reply, Request, read_frame, write_frame};
+use crate::wire::{Reply, Request, read_frame};
 use crate::{CompileError, Event, Transform};
 
 /// The address space a runner allows itself: room for the compiler's thread (its stack is
@@ -33,8 +33,10 @@ pub fn serve_stdio() -> io::Result<()> {
     serve(BufReader::new(stdin), BufWriter::new(stdout))
 }
 
-/// Answers requests read from `input` on `output` until `input` ends.
-pub fn serve(mut input: impl Read, mut output: impl Write) -> io::Result<()> {
+/// Answers requests read from `input` on `output` until `input` ends. Each reply is flushed
+/// before the next request runs: if that one crashes the runner, every earlier reply has
+/// reached the pool, which then knows whose program it was.
+pub fn serve(mut input: BufReader<impl Read>, mut output: impl Write) -> io::Result<()> {
     let mut programs: HashMap<String, Result<Arc<Transform>, CompileError>> = HashMap::new();
     while let Some(frame) = read_frame(&mut input)? {
         let request = Request::decode(&frame)?;
@@ -59,7 +61,8 @@ pub fn serve(mut input: impl Read, mut output: impl Write) -> io::Result<()> {
                 }
             }
         };
-        write_frame(&mut output, &reply.encode())?;
+        output.write_all(&reply.encode())?;
+        output.flush()?;
     }
     Ok(())
 }
@@ -88,7 +91,7 @@ mod tests {
             input.extend(request(source));
         }
         let mut output = Vec::new();
-        serve(&input[..], &mut output).unwrap();
+        serve(BufReader::new(&input[..]), &mut output).unwrap();
         let mut replies = &output[..];
         let mut next = || Reply::decode(&read_frame(&mut replies).unwrap().unwrap()).unwrap();
         let sent = |body: &[u8]| {
@@ -116,7 +119,7 @@ mod tests {
         let mut input = request(".");
         input.extend([3, 0, 0, 0, 1, 2, 3]);
         let mut output = Vec::new();
-        assert!(serve(&input[..], &mut output).is_err());
+        assert!(serve(BufReader::new(&input[..]), &mut output).is_err());
         assert!(!output.is_empty(), "the request before it was answered");
     }
 }

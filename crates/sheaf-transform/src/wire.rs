@@ -5,7 +5,7 @@
 //! byte and what the tag needs. Strings and byte strings are themselves a `u32` length and the
 //! bytes, so the event's data travels as it was published, never re-encoded.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::time::Duration;
 
 use crate::{CompileError, Limits, Output};
@@ -137,12 +137,6 @@ pub(crate) fn read_frame(input: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
     let mut frame = vec![0; length];
     input.read_exact(&mut frame)?;
     Ok(Some(frame))
-}
-
-/// Writes one encoded frame (from `encode`) and flushes it.
-pub(crate) fn write_frame(output: &mut impl Write, frame: &[u8]) -> io::Result<()> {
-    output.write_all(frame)?;
-    output.flush()
 }
 
 /// The length a frame's first four bytes announce, refused past [`MAX_FRAME`].

@@ -149,3 +149,37 @@ async fn a_command_that_is_not_a_runner_is_reported() {
     );
     assert!(cat.probe().await.is_err(), "an echo is not an answer");
 }
+
+/// Many requests at once to one runner travel in batches; a runaway and a crash in the middle
+/// of them are blamed on their own programs, and every other request still gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_program_inside_a_batch_is_blamed_alone() {
+    let pool = std::sync::Arc::new(pool(1).runaway_after(Duration::from_millis(300)));
+    let mut runs = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let pool = std::sync::Arc::clone(&pool);
+        let source = match i {
+            13 => "def f: f; f".to_owned(),
+            27 => "def f: 1 + f; f".to_owned(),
+            _ => format!(".data.total + {i}"),
+        };
+        runs.spawn(async move { (i, run(&pool, &source).await) });
+    }
+    let mut answered = 0;
+    while let Some(done) = runs.join_next().await {
+        let (i, result) = done.unwrap();
+        match i {
+            13 => {
+                let failure = result.unwrap_err();
+                assert!(failure.message.contains("ran past"), "{failure:?}");
+            }
+            27 => {
+                let failure = result.unwrap_err();
+                assert!(failure.message.contains("crashed"), "{failure:?}");
+            }
+            _ => assert_eq!(body(result), (250 + i).to_string(), "request {i}"),
+        }
+        answered += 1;
+    }
+    assert_eq!(answered, 40);
+}
