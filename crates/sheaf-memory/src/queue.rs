@@ -1,6 +1,6 @@
 //! [`MemoryJobQueue`]: the delivery queue with leases, in memory.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::ops::Bound;
 use std::str::FromStr;
@@ -12,8 +12,8 @@ use crate::MemoryLogStore;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use sheaf_store::{
-    ClaimedJob, Cursor, DeadLetter, DeadLetterRequest, Job, JobId, JobQueue, Lease, Page,
-    PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId, Timestamp, validate_job,
+    ClaimedJob, Cursor, DeadLetter, DeadLetterRequest, DestinationId, Job, JobId, JobQueue, Lease,
+    Page, PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId, Timestamp, validate_job,
     validate_lease,
 };
 
@@ -47,8 +47,11 @@ struct Row {
 #[derive(Default)]
 struct QueueState {
     jobs: HashMap<JobId, Row>,
-    /// Every pending job by `(due_at, id)`: the claim order.
+    /// Every claimable-in-time job by `(due_at, id)`: the claim order. A job of an order key
+    /// is here only while it is the first of its key; the ones behind it wait in `chains`.
     due: BTreeSet<(Timestamp, JobId)>,
+    /// The pending jobs of each `(destination, order key)`, in the order they were enqueued.
+    chains: HashMap<(DestinationId, String), VecDeque<JobId>>,
     dead: HashMap<JobId, DeadLetter>,
     dead_by_tenant: HashMap<TenantId, BTreeSet<(Timestamp, JobId)>>,
     dead_by_age: BTreeSet<(Timestamp, JobId)>,
@@ -62,10 +65,64 @@ impl QueueState {
             .filter(|row| row.claimed_until == Some(lease.claimed_until))
     }
 
+    /// Adds a new job: to the due index, unless an earlier job of its order key is pending.
+    fn add_job(&mut self, job: &Job) {
+        let first = match &job.order_key {
+            None => true,
+            Some(key) => {
+                let chain = self
+                    .chains
+                    .entry((job.destination_id, key.clone()))
+                    .or_default();
+                chain.push_back(job.id);
+                chain.len() == 1
+            }
+        };
+        if first {
+            self.due.insert((job.due_at, job.id));
+        }
+        self.jobs.insert(
+            job.id,
+            Row {
+                job: job.clone(),
+                claimed_until: None,
+            },
+        );
+    }
+
+    /// Removes a job; if it was the first of its order key, the next of that key becomes
+    /// claimable.
     fn remove_job(&mut self, id: JobId) -> Option<Job> {
         let row = self.jobs.remove(&id)?;
         self.due.remove(&(row.job.due_at, id));
+        if let Some(key) = &row.job.order_key {
+            let chain_key = (row.job.destination_id, key.clone());
+            if let Some(chain) = self.chains.get_mut(&chain_key) {
+                let was_first = chain.front() == Some(&id);
+                chain.retain(|j| *j != id);
+                match chain.front().copied() {
+                    None => {
+                        self.chains.remove(&chain_key);
+                    }
+                    Some(next) if was_first => {
+                        let due_at = self.jobs[&next].job.due_at;
+                        self.due.insert((due_at, next));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         Some(row.job)
+    }
+
+    /// Whether `job` waits behind an earlier job of its order key.
+    fn behind(&self, job: &Job) -> bool {
+        job.order_key.as_ref().is_some_and(|key| {
+            self.chains
+                .get(&(job.destination_id, key.clone()))
+                .and_then(|chain| chain.front())
+                != Some(&job.id)
+        })
     }
 
     fn remove_dead(&mut self, id: JobId) -> Option<DeadLetter> {
@@ -198,14 +255,7 @@ impl JobQueue for MemoryJobQueue {
             if state.jobs.contains_key(&job.id) || state.dead.contains_key(&job.id) {
                 continue;
             }
-            state.due.insert((job.due_at, job.id));
-            state.jobs.insert(
-                job.id,
-                Row {
-                    job: job.clone(),
-                    claimed_until: None,
-                },
-            );
+            state.add_job(job);
             added.push(job);
         }
         self.hold(&added);
@@ -371,7 +421,7 @@ impl JobQueue for MemoryJobQueue {
         for row in state.jobs.values() {
             if row.claimed_until.is_some_and(|until| until >= now) {
                 depth.claimed += 1;
-            } else if row.job.due_at <= now {
+            } else if row.job.due_at <= now && !state.behind(&row.job) {
                 depth.due += 1;
             } else {
                 depth.scheduled += 1;

@@ -82,6 +82,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "destination_transform",
         sql: include_str!("../migrations/0011_destination_transform.sql"),
     },
+    Migration {
+        version: 12,
+        name: "job_order",
+        sql: include_str!("../migrations/0012_job_order.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

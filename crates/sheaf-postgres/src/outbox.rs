@@ -34,7 +34,10 @@ use crate::log::{
     EVENT_COLUMNS, PostgresLogStore, attempt_from_row, bind_attempts, bind_events, dedupe_sorted,
     event_arrays, event_from_row, events_by_key, insert_attempts_into,
 };
-use crate::queue::{JOB_COLUMNS, PostgresJobQueue, bind_jobs};
+use crate::queue::{
+    INSERTED_COLUMNS, LOCK_ORDER_KEYS, PostgresJobQueue, bind_jobs, bind_order, order_locks,
+    order_ranks, order_seq,
+};
 
 /// Where accepted events and settled attempts go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,22 +94,25 @@ impl Statements {
         };
         // Only the new events' jobs, and never an id that is dead-lettered (as `enqueue`). The
         // first $15 of them that are due are inserted leased for $16 microseconds (the lease
-        // offer): a running count over the due ones, in id order. The answer is one row per new
-        // key and one per leased job.
+        // offer): a running count over the due ones, in id order. A job of an order key ($17,
+        // its rank in the call $18) is never leased here: only the claim knows whether it is
+        // the first of its key. The answer is one row per new key and one per leased job.
         let accept = format!(
             "WITH new AS ({new_keys}){payloads}, queued AS (
-                 INSERT INTO {s}.jobs ({JOB_COLUMNS}, next_due_at, claimed_until)
+                 INSERT INTO {s}.jobs ({INSERTED_COLUMNS}, claimed_until)
                  SELECT j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
-                        j.last_attempt_time, j.next_due_at,
-                        CASE WHEN j.next_due_at <= now()
-                                  AND count(*) FILTER (WHERE j.next_due_at <= now())
+                        j.last_attempt_time, j.next_due_at, j.order_key, {},
+                        CASE WHEN j.next_due_at <= now() AND j.order_key IS NULL
+                                  AND count(*) FILTER (WHERE j.next_due_at <= now()
+                                                         AND j.order_key IS NULL)
                                           OVER (ORDER BY j.id) <= $15
                              THEN now() + $16::bigint * interval '1 microsecond'
                         END
                  FROM unnest($8::uuid[], $9::text[], $10::text[], $11::uuid[],
-                             $12::bigint[], $13::timestamptz[], $14::timestamptz[])
+                             $12::bigint[], $13::timestamptz[], $14::timestamptz[],
+                             $17::text[], $18::bigint[])
                       AS j(id, tenant_id, event_id, destination_id, attempt_number,
-                           last_attempt_time, next_due_at)
+                           last_attempt_time, next_due_at, order_key, order_rank)
                  JOIN new USING (tenant_id, event_id)
                  WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = j.id)
                  ON CONFLICT (id) DO NOTHING
@@ -115,7 +121,8 @@ impl Statements {
              SELECT tenant_id, event_id, NULL::uuid AS job_id, NULL::timestamptz AS claimed_until
              FROM new
              UNION ALL
-             SELECT NULL, NULL, id, claimed_until FROM queued WHERE claimed_until IS NOT NULL"
+             SELECT NULL, NULL, id, claimed_until FROM queued WHERE claimed_until IS NOT NULL",
+            order_seq(s)
         );
         // Shipped: the same 13 columns into the outbox, without the payload (see
         // `migrations/0004_outbox.sql`).
@@ -242,14 +249,30 @@ impl Outbox for PostgresOutbox {
             .flat_map(|i| &i.jobs)
             .filter(|j| seen_jobs.insert(j.id))
             .collect();
+        // Ranked in the order of the intakes: the order of acceptance.
+        let ranks = order_ranks(jobs.iter().copied());
+        let locks = order_locks(jobs.iter().copied());
         jobs.sort_by_key(|j| j.id);
         let query = bind_events(sqlx::query(&self.sql.accept), &unique)?;
-        let rows = bind_jobs(query, &jobs)
+        let query = bind_jobs(query, &jobs)
             .bind(i64::try_from(offer.max_jobs).unwrap_or(i64::MAX))
-            .bind(micros(offer.lease))
-            .fetch_all(&self.db.pool)
-            .await
-            .map_err(|e| from_sqlx("accepting events", e))?;
+            .bind(micros(offer.lease));
+        let query = bind_order(query, &jobs, &ranks);
+        let fail = |e| from_sqlx("accepting events", e);
+        let rows = if locks.is_empty() {
+            query.fetch_all(&self.db.pool).await.map_err(fail)?
+        } else {
+            // Ordered jobs: their keys are locked before the statement that numbers them.
+            let mut tx = self.db.pool.begin().await.map_err(fail)?;
+            sqlx::query(LOCK_ORDER_KEYS)
+                .bind(locks)
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+            let rows = query.fetch_all(&mut *tx).await.map_err(fail)?;
+            tx.commit().await.map_err(fail)?;
+            rows
+        };
         let mut new = HashSet::new();
         let mut leased = Vec::new();
         for row in &rows {

@@ -50,7 +50,94 @@ use crate::error::from_sqlx;
 
 /// The job columns a claim returns and a dead letter keeps.
 pub(crate) const JOB_COLUMNS: &str =
-    "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time";
+    "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time, order_key";
+
+/// The columns an insert of jobs writes besides `claimed_until`, in the order of the arrays
+/// [`bind_jobs`] and [`bind_order`] bind.
+pub(crate) const INSERTED_COLUMNS: &str = "id, tenant_id, event_id, destination_id, \
+     attempt_number, last_attempt_time, next_due_at, order_key, order_seq";
+
+/// The `order_seq` of a job `j` being inserted (with `j.order_key` and `j.order_rank`, its place
+/// among the key's jobs in the same call): one past the key's highest queued, plus its rank.
+/// Correct only after the key's advisory lock was taken by an earlier statement of the
+/// transaction ([`order_locks`]): this statement's snapshot then holds every earlier job.
+pub(crate) fn order_seq(s: &str) -> String {
+    format!(
+        "CASE WHEN j.order_key IS NULL THEN NULL
+              ELSE coalesce((SELECT max(e.order_seq) FROM {s}.jobs AS e
+                             WHERE e.destination_id = j.destination_id
+                               AND e.order_key = j.order_key), 0) + j.order_rank END"
+    )
+}
+
+/// Takes the advisory locks of the order keys `$1` (sorted, so concurrent transactions take
+/// them in the same order), held until the transaction ends.
+pub(crate) const LOCK_ORDER_KEYS: &str =
+    "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k";
+
+/// The lock of each distinct `(destination, order key)` among `jobs`, sorted: a stable 64-bit
+/// hash (FNV-1a) of the destination's bytes and the key. Two keys sharing a hash only wait for
+/// each other.
+pub(crate) fn order_locks<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Vec<i64> {
+    let mut locks: Vec<i64> = jobs
+        .into_iter()
+        .filter_map(|j| {
+            let key = j.order_key.as_ref()?;
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for byte in j
+                .destination_id
+                .as_uuid()
+                .as_bytes()
+                .iter()
+                .chain(key.as_bytes())
+            {
+                hash ^= u64::from(*byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+            Some(hash as i64)
+        })
+        .collect();
+    locks.sort_unstable();
+    locks.dedup();
+    locks
+}
+
+/// Each ordered job's place among the jobs of its `(destination, order key)` in `jobs`, from 1,
+/// in `jobs`' order (the order they were given in).
+pub(crate) fn order_ranks<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> HashMap<JobId, i64> {
+    let mut next: HashMap<(DestinationId, &str), i64> = HashMap::new();
+    let mut ranks = HashMap::new();
+    for job in jobs {
+        if let Some(key) = &job.order_key {
+            let rank = next.entry((job.destination_id, key.as_str())).or_insert(0);
+            *rank += 1;
+            ranks.entry(job.id).or_insert(*rank);
+        }
+    }
+    ranks
+}
+
+/// Binds the order key and rank of each job (after [`bind_jobs`]' arrays and whatever follows
+/// them), as two arrays.
+pub(crate) fn bind_order<'q>(
+    query: PgQuery<'q>,
+    unique: &[&'q Job],
+    ranks: &HashMap<JobId, i64>,
+) -> PgQuery<'q> {
+    query
+        .bind(
+            unique
+                .iter()
+                .map(|j| j.order_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            unique
+                .iter()
+                .map(|j| ranks.get(&j.id).copied())
+                .collect::<Vec<_>>(),
+        )
+}
 
 /// A new `claimed_until` from the lease length in parameter `$p`: exact microseconds
 /// (`$p * interval '1 microsecond'`, never float seconds), and always later than the row's old
@@ -79,14 +166,18 @@ pub fn claim_sql(schema: &str) -> String {
     format!(
         "UPDATE {s}.jobs AS j SET claimed_until = {}
          WHERE j.id = ANY (ARRAY(
-               SELECT id FROM {s}.jobs
+               SELECT id FROM {s}.jobs AS q
                WHERE next_due_at <= now()
                  AND (claimed_until IS NULL OR claimed_until < now())
+                 AND (order_key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM {s}.jobs AS e
+                      WHERE e.destination_id = q.destination_id
+                        AND e.order_key = q.order_key AND e.order_seq < q.order_seq))
                ORDER BY next_due_at, id
                LIMIT $1
                FOR UPDATE SKIP LOCKED))
          RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
-                   j.last_attempt_time, j.next_due_at, j.claimed_until",
+                   j.last_attempt_time, j.order_key, j.next_due_at, j.claimed_until",
         lease_end(2)
     )
 }
@@ -117,13 +208,17 @@ impl Statements {
             // snapshot and its insert could let the id in again; that needs an enqueue retried at
             // the very moment its job is given up on, and would deliver once more, not lose.)
             enqueue: format!(
-                "INSERT INTO {s}.jobs ({JOB_COLUMNS}, next_due_at)
-                 SELECT u.* FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[],
-                                        $5::bigint[], $6::timestamptz[], $7::timestamptz[])
-                                 AS u(id, tenant_id, event_id, destination_id, attempt_number,
-                                      last_attempt_time, next_due_at)
-                 WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = u.id)
-                 ON CONFLICT (id) DO NOTHING"
+                "INSERT INTO {s}.jobs ({INSERTED_COLUMNS})
+                 SELECT j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                        j.last_attempt_time, j.next_due_at, j.order_key, {}
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[],
+                             $5::bigint[], $6::timestamptz[], $7::timestamptz[], $8::text[],
+                             $9::bigint[])
+                      AS j(id, tenant_id, event_id, destination_id, attempt_number,
+                           last_attempt_time, next_due_at, order_key, order_rank)
+                 WHERE NOT EXISTS (SELECT 1 FROM {s}.dead_letters AS d WHERE d.id = j.id)
+                 ON CONFLICT (id) DO NOTHING",
+                order_seq(s)
             ),
             claim: claim_sql(s),
             renew: format!(
@@ -166,14 +261,21 @@ impl Statements {
                  RETURNING j.id, l.claimed_until AS old_until"
             ),
             // One pass over the (small) queue table, all states at one `now()`.
+            // A job behind an earlier one of its order key is not due, whatever its time.
             depth: format!(
                 "SELECT count(*) FILTER (WHERE claimed_until >= now()) AS claimed,
                         count(*) FILTER (WHERE (claimed_until IS NULL OR claimed_until < now())
-                                           AND next_due_at <= now()) AS due,
+                                           AND next_due_at <= now() AND NOT behind) AS due,
                         count(*) FILTER (WHERE (claimed_until IS NULL OR claimed_until < now())
-                                           AND next_due_at > now()) AS scheduled,
+                                           AND (next_due_at > now() OR behind)) AS scheduled,
                         (SELECT count(*) FROM {s}.dead_letters) AS dead_lettered
-                 FROM {s}.jobs"
+                 FROM (SELECT j.claimed_until, j.next_due_at,
+                              j.order_key IS NOT NULL AND EXISTS (
+                                  SELECT 1 FROM {s}.jobs AS e
+                                  WHERE e.destination_id = j.destination_id
+                                    AND e.order_key = j.order_key
+                                    AND e.order_seq < j.order_seq) AS behind
+                       FROM {s}.jobs AS j) AS q"
             ),
             remove_dead_letters: format!(
                 "DELETE FROM {s}.dead_letters WHERE tenant_id = $1 AND id = ANY($2::uuid[])"
@@ -289,6 +391,7 @@ fn job_from_row(row: &PgRow, due_column: &str) -> Result<Job> {
         attempt_number: get_u32(row, "attempt_number")?,
         last_attempt_time: get_opt_time(row, "last_attempt_time")?,
         due_at: get_time(row, due_column)?,
+        order_key: get(row, "order_key")?,
     })
 }
 
@@ -424,10 +527,11 @@ impl PostgresJobQueue {
         Ok(lost_ids(&leases, &applied, &order))
     }
 
-    /// [`JobQueue::enqueue`] on `exec` (the pool, or a transaction that commits more).
-    pub(crate) async fn enqueue_with<'e>(
+    /// [`JobQueue::enqueue`] on `conn` (a connection of the pool, or a transaction that commits
+    /// more). Ordered jobs need a transaction: their keys are locked first (see `order_seq`).
+    pub(crate) async fn enqueue_with(
         &self,
-        exec: impl sqlx::PgExecutor<'e>,
+        conn: &mut sqlx::PgConnection,
         jobs: &[Job],
     ) -> Result<()> {
         for job in jobs {
@@ -438,12 +542,25 @@ impl PostgresJobQueue {
         if unique.is_empty() {
             return Ok(());
         }
+        let ranks = order_ranks(unique.iter().copied());
+        let locks = order_locks(unique.iter().copied());
+        if !locks.is_empty() {
+            sqlx::query(LOCK_ORDER_KEYS)
+                .bind(locks)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| from_sqlx("locking order keys", e))?;
+        }
         // Sorted by id: concurrent enqueues of overlapping jobs take locks in the same order.
         unique.sort_by_key(|j| j.id);
-        bind_jobs(sqlx::query(&self.sql.enqueue), &unique)
-            .execute(exec)
-            .await
-            .map_err(|e| from_sqlx("enqueueing jobs", e))?;
+        bind_order(
+            bind_jobs(sqlx::query(&self.sql.enqueue), &unique),
+            &unique,
+            &ranks,
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| from_sqlx("enqueueing jobs", e))?;
         Ok(())
     }
 
@@ -548,7 +665,15 @@ impl PostgresJobQueue {
 #[async_trait]
 impl JobQueue for PostgresJobQueue {
     async fn enqueue(&self, jobs: &[Job]) -> Result<()> {
-        self.enqueue_with(&self.db.pool, jobs).await
+        let fail = |e| from_sqlx("enqueueing jobs", e);
+        if jobs.iter().any(|j| j.order_key.is_some()) {
+            let mut tx = self.db.pool.begin().await.map_err(fail)?;
+            self.enqueue_with(&mut tx, jobs).await?;
+            tx.commit().await.map_err(fail)
+        } else {
+            let mut conn = self.db.pool.acquire().await.map_err(fail)?;
+            self.enqueue_with(&mut conn, jobs).await
+        }
     }
 
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<ClaimedJob>> {

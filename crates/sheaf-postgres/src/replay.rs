@@ -310,7 +310,7 @@ impl ReplayStore for PostgresReplayStore {
         let tenant = TenantId::new(tenant)?;
         // Enqueue first, as a caller without this method would: a job whose id is one of the
         // dead letters removed below is still skipped.
-        self.queue.enqueue_with(&mut *tx, &page.jobs).await?;
+        self.queue.enqueue_with(&mut tx, &page.jobs).await?;
         let removed = self
             .queue
             .remove_dead_letters_with(&mut *tx, &tenant, &page.remove_dead_letters)

@@ -257,6 +257,69 @@ async fn the_generic_claim_plan_never_scans_the_whole_table() {
     }
 }
 
+/// Per-key ordering is in the claim itself: an ordered row is claimable only when no earlier
+/// row of its (destination, order key) is queued, which the claim asks of the partial index
+/// `jobs_by_order`, one probe per ordered row it considers; unordered rows skip the probe. The
+/// generic plan reads `jobs` by index only, and takes no lock beyond the rows it claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_asks_the_order_index_for_a_key_s_earlier_jobs() {
+    let url = require_postgres!("the_claim_asks_the_order_index_for_a_key_s_earlier_jobs");
+    let _gate = Gate::shared(&url).await;
+    let test = TestSchema::new(&url).await;
+    let queue = test.stores.job_queue();
+    enqueue_due(&*queue, 20_000).await;
+    let tenant = unique_tenant("pg-queue-ordered");
+    let destination = sheaf_store::DestinationId::generate();
+    let now = Timestamp::now();
+    let ordered: Vec<Job> = (0..2_000)
+        .map(|i| Job {
+            destination_id: destination,
+            order_key: Some(format!("key-{}", i % 100)),
+            ..job(&tenant, shift(now, -(i as i64) * 1_000))
+        })
+        .collect();
+    for chunk in ordered.chunks(500) {
+        queue.enqueue(chunk).await.expect("enqueue");
+    }
+    sqlx::raw_sql(&format!("ANALYZE \"{}\".jobs", test.schema))
+        .execute(test.stores.pool())
+        .await
+        .expect("analyze");
+    let explained = test
+        .stores
+        .postgres_job_queue()
+        .explain_generic_claim()
+        .await
+        .expect("explain");
+    let root = &explained[0];
+    let mut nodes = Vec::new();
+    plan_nodes(&root["Plan"], &mut nodes);
+    println!("{root:#}");
+    for node in nodes.iter().filter(|n| n["Relation Name"] == "jobs") {
+        assert_ne!(node["Node Type"], "Seq Scan", "a scan of jobs: {root:#}");
+    }
+    assert!(
+        nodes.iter().any(|n| n["Index Name"] == "jobs_by_order"),
+        "the earlier jobs of a key are looked up in jobs_by_order: {root:#}"
+    );
+    // The 100 keys' first jobs, and never two of one key, among everything due.
+    let claimed = queue
+        .claim(30_000, Duration::from_secs(300))
+        .await
+        .expect("claim");
+    let keyed: Vec<&ClaimedJob> = claimed
+        .iter()
+        .filter(|c| c.job.order_key.is_some())
+        .collect();
+    assert_eq!(keyed.len(), 100, "one job per key");
+    assert_eq!(claimed.len(), 20_100);
+    let firsts: std::collections::HashSet<JobId> = ordered[..100].iter().map(|j| j.id).collect();
+    assert!(
+        keyed.iter().all(|c| firsts.contains(&c.job.id)),
+        "each key's first job"
+    );
+}
+
 /// Calls of this schema's completion statement and the shared buffers they touched, from
 /// `pg_stat_statements` (updated as each statement ends).
 async fn completion_cost(test: &TestSchema) -> (i64, i64) {

@@ -65,8 +65,8 @@ fn accept_on(connection: &Connection, intakes: &[Intake], offer: LeaseOffer) -> 
         }
         for job in &intake.jobs {
             let lease = job.due_at <= now && accepted.leased.len() < offer.max_jobs;
-            let new_job = insert_job(connection, job, lease.then_some(until), "accepting jobs")?;
-            if lease && new_job {
+            let inserted = insert_job(connection, job, lease.then_some(until), "accepting jobs")?;
+            if inserted == Some(true) {
                 accepted.leased.push(ClaimedJob {
                     job: job.clone(),
                     lease: Lease {

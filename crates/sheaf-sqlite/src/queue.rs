@@ -29,18 +29,24 @@ use crate::error::{Doing, decode, from_sqlx};
 
 /// The job columns a claim returns and a dead letter keeps.
 const JOB_COLUMNS: &str =
-    "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time";
+    "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time, order_key";
 
 /// The claim: due, unheld jobs in (next_due_at, id) order from the front of `jobs_due`, stamped
-/// with the lease. `?1` is now, `?2` the new `claimed_until`, `?3` the most jobs. A row's new
-/// `claimed_until` is later than its old one whatever the clock did.
+/// with the lease, skipping a job of an order key while an earlier one of its key is queued
+/// (one probe of `jobs_by_order`, for ordered rows only). `?1` is now, `?2` the new
+/// `claimed_until`, `?3` the most jobs. A row's new `claimed_until` is later than its old one
+/// whatever the clock did.
 const CLAIM: &str = "UPDATE jobs SET claimed_until = max(?2, coalesce(claimed_until + 1, ?2))
-     WHERE id IN (SELECT id FROM jobs
+     WHERE id IN (SELECT id FROM jobs AS j
                   WHERE next_due_at <= ?1 AND (claimed_until IS NULL OR claimed_until < ?1)
+                    AND (order_key IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM jobs AS e
+                         WHERE e.destination_id = j.destination_id
+                           AND e.order_key = j.order_key AND e.order_seq < j.order_seq))
                   ORDER BY next_due_at, id
                   LIMIT ?3)
      RETURNING id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time,
-               next_due_at, claimed_until";
+               order_key, next_due_at, claimed_until";
 
 /// The job queue on SQLite. Cheap to clone; every clone shares the connections. Its clock is the
 /// process's.
@@ -74,6 +80,7 @@ fn job_from_row(row: &impl Columns, due_column: &str) -> Result<Job> {
             .map(|t| Timestamp::from_micros(t).map_err(|e| decode("reading a job", e)))
             .transpose()?,
         due_at: get_time(row, due_column)?,
+        order_key: get(row, "order_key")?,
     })
 }
 
@@ -88,38 +95,56 @@ fn distinct_by_lease<T: Clone>(items: &[T], lease_of: impl Fn(&T) -> Lease) -> V
 }
 
 /// Adds one job unless its id is queued or dead-lettered already; `?8` is its `claimed_until`
-/// (NULL: not leased).
+/// (NULL: not leased), `?9` its order key. A job of an order key comes after the key's queued
+/// ones (`order_seq`), and is not leased while one of them is queued.
 const INSERT_JOB: &str =
     "INSERT INTO jobs (id, tenant_id, event_id, destination_id, attempt_number,
-                                   last_attempt_time, next_due_at, claimed_until)
-     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+                                   last_attempt_time, next_due_at, claimed_until, order_key,
+                                   order_seq)
+     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7,
+            CASE WHEN ?9 IS NOT NULL AND EXISTS (
+                      SELECT 1 FROM jobs WHERE destination_id = ?4 AND order_key = ?9)
+                 THEN NULL ELSE ?8 END,
+            ?9,
+            CASE WHEN ?9 IS NULL THEN NULL
+                 ELSE (SELECT coalesce(max(order_seq), 0) + 1 FROM jobs
+                       WHERE destination_id = ?4 AND order_key = ?9) END
      WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE id = ?1)
-     ON CONFLICT (id) DO NOTHING";
+     ON CONFLICT (id) DO NOTHING
+     RETURNING claimed_until";
 
-/// Inserts `job` on the writer connection, leased until `claimed_until` if given; returns
-/// whether it was new (neither queued nor dead-lettered already).
+/// Inserts `job` on the writer connection, leased until `claimed_until` if given and its order
+/// key lets it go now; `None` when it was not new (queued or dead-lettered already), else
+/// whether it was leased.
 pub(crate) fn insert_job(
     connection: &Connection,
     job: &Job,
     claimed_until: Option<Timestamp>,
     doing: &str,
-) -> Result<bool> {
+) -> Result<Option<bool>> {
+    use rusqlite::OptionalExtension as _;
     let inserted = connection
         .prepare_cached(INSERT_JOB)
         .and_then(|mut statement| {
-            statement.execute(params![
-                uuid_text(job.id.as_uuid()),
-                job.tenant_id.as_str(),
-                job.event_id.as_str(),
-                uuid_text(job.destination_id.as_uuid()),
-                i64::from(job.attempt_number),
-                job.last_attempt_time.map(Timestamp::as_micros),
-                job.due_at.as_micros(),
-                claimed_until.map(Timestamp::as_micros),
-            ])
+            statement
+                .query_row(
+                    params![
+                        uuid_text(job.id.as_uuid()),
+                        job.tenant_id.as_str(),
+                        job.event_id.as_str(),
+                        uuid_text(job.destination_id.as_uuid()),
+                        i64::from(job.attempt_number),
+                        job.last_attempt_time.map(Timestamp::as_micros),
+                        job.due_at.as_micros(),
+                        claimed_until.map(Timestamp::as_micros),
+                        job.order_key.as_deref(),
+                    ],
+                    |row| row.get::<_, Option<i64>>(0),
+                )
+                .optional()
         })
         .doing(doing)?;
-    Ok(inserted == 1)
+    Ok(inserted.map(|until| until.is_some()))
 }
 
 /// Adds `jobs` on the writer connection: ids already queued or dead-lettered are skipped.
@@ -395,13 +420,20 @@ impl JobQueue for SqliteJobQueue {
 
     async fn depth(&self) -> Result<QueueDepth> {
         let row = sqlx::query(
+            // A job behind an earlier one of its order key is not due, whatever its time.
             "SELECT coalesce(sum(claimed_until >= ?1), 0) AS claimed,
                     coalesce(sum((claimed_until IS NULL OR claimed_until < ?1)
-                                 AND next_due_at <= ?1), 0) AS due,
+                                 AND next_due_at <= ?1 AND NOT behind), 0) AS due,
                     coalesce(sum((claimed_until IS NULL OR claimed_until < ?1)
-                                 AND next_due_at > ?1), 0) AS scheduled,
+                                 AND (next_due_at > ?1 OR behind)), 0) AS scheduled,
                     (SELECT count(*) FROM dead_letters) AS dead_lettered
-             FROM jobs",
+             FROM (SELECT claimed_until, next_due_at,
+                          order_key IS NOT NULL AND EXISTS (
+                              SELECT 1 FROM jobs AS e
+                              WHERE e.destination_id = j.destination_id
+                                AND e.order_key = j.order_key
+                                AND e.order_seq < j.order_seq) AS behind
+                   FROM jobs AS j)",
         )
         .bind(Timestamp::now().as_micros())
         .fetch_one(&self.db.readers)

@@ -33,6 +33,7 @@ async fn insert_held(
             attempt_number: 1,
             last_attempt_time: None,
             due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
+            order_key: None,
         }])
         .await
         .expect("enqueue");
@@ -81,6 +82,7 @@ async fn retention_keeps_the_newest_and_the_held() {
             attempt_number: 2,
             last_attempt_time: Some(attempts[0].time),
             due_at: Timestamp::now().saturating_add(Duration::from_secs(3600)),
+            order_key: None,
         }])
         .await
         .expect("enqueue");

@@ -56,7 +56,15 @@ pub struct Job {
     pub last_attempt_time: Option<Timestamp>,
     /// When the job becomes claimable.
     pub due_at: Timestamp,
+    /// Per-key ordering: jobs of one destination with the same key are delivered one at a time,
+    /// in the order they were enqueued (see [`JobQueue::claim`]). `None`: no order, the common
+    /// case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_key: Option<String>,
 }
+
+/// The longest order key, in bytes.
+pub const MAX_ORDER_KEY_LEN: usize = 256;
 
 /// Proof of a claim: which job, and the `claimed_until` the claim set. See the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -123,7 +131,7 @@ pub struct Renewed {
 pub struct QueueDepth {
     /// Due and not held: claimable now.
     pub due: u64,
-    /// Not held and not yet due.
+    /// Not held and not yet due, or waiting behind an earlier job of its order key.
     pub scheduled: u64,
     /// Held by a lease that has not run out.
     pub claimed: u64,
@@ -146,11 +154,22 @@ pub fn validate_lease(lease: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Rejects jobs a backend must not store: attempt number zero.
+/// Rejects jobs a backend must not store: attempt number zero, an order key longer than
+/// [`MAX_ORDER_KEY_LEN`].
 pub fn validate_job(job: &Job) -> Result<()> {
     if job.attempt_number == 0 {
         return Err(Error::invalid_input(format!(
             "job {} has attempt number 0",
+            job.id
+        )));
+    }
+    if job
+        .order_key
+        .as_ref()
+        .is_some_and(|k| k.len() > MAX_ORDER_KEY_LEN)
+    {
+        return Err(Error::invalid_input(format!(
+            "job {} has an order key longer than {MAX_ORDER_KEY_LEN} bytes",
             job.id
         )));
     }
@@ -175,7 +194,13 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
 
     /// Claims up to `max` due jobs for `lease`.
     ///
-    /// A job is due when `due_at <= now` and it is not held (`claimed_until` unset or `< now`).
+    /// A job is due when `due_at <= now`, it is not held (`claimed_until` unset or `< now`), and,
+    /// if it has an [`Job::order_key`], it is the first of its `(destination_id, order_key)`
+    /// still in the queue: a job of a key waits while an earlier one of that key waits for its
+    /// time, is held, or is held by a lease that ran out (it is claimed again first). Completing
+    /// or dead-lettering the earlier job lets the next go. "Earlier" is the order of enqueueing:
+    /// of the calls, and within a call, of the slice; calls that run at once on a queue shared by
+    /// processes are ordered as they commit.
     /// Jobs are claimed, and returned, in `(due_at, id)` order (Postgres: `UPDATE … RETURNING`
     /// does not keep the subquery's order, so sort the returned rows). A claim's `claimed_until`
     /// is later than any earlier claim's on the same job. Each claim is exclusive: while its lease holds, no

@@ -358,6 +358,7 @@ async fn enqueuer(
                         attempt_number: 1,
                         last_attempt_time: None,
                         due_at: now,
+                        order_key: None,
                     })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;

@@ -114,6 +114,7 @@ pub(crate) fn job_for(event: &Event, destination: &Destination, now: Timestamp) 
         attempt_number: 1,
         last_attempt_time: None,
         due_at: now,
+        order_key: None,
     }
 }
 

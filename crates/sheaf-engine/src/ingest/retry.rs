@@ -68,6 +68,7 @@ pub async fn manual_retry(
         attempt_number: latest.map_or(1, |a| a.number.saturating_add(1)),
         last_attempt_time: None,
         due_at: Timestamp::now(),
+        order_key: None,
     };
     core.fresh.insert(key, event);
     core.stores

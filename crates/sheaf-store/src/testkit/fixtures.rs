@@ -110,6 +110,7 @@ pub fn job(tenant: &TenantId, due_at: Timestamp) -> Job {
         attempt_number: 1,
         last_attempt_time: None,
         due_at,
+        order_key: None,
     }
 }
 

@@ -355,6 +355,7 @@ impl Runner {
             attempt_number: number,
             last_attempt_time: None,
             due_at: Timestamp::now(),
+            order_key: None,
         }
     }
 

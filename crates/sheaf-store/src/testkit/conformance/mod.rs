@@ -9,6 +9,7 @@ pub mod entity_health;
 pub mod entity_limits;
 pub mod log;
 pub mod outbox;
+pub mod outbox_order;
 pub mod queue;
 pub mod replay;
 pub mod replay_pages;
@@ -78,6 +79,8 @@ pub async fn run_job_queue(queue: &dyn JobQueue) {
             queue::dead_letters_are_kept_and_listed,
             queue::removed_dead_letters_leave_the_list,
             queue::purge_tenant_removes_its_jobs,
+            queue::ordered_jobs_of_a_key_go_one_at_a_time_in_enqueue_order,
+            queue::concurrent_claimers_keep_each_key_in_order,
             queue::heartbeats_count_the_processes_sharing_the_queue,
         ]
     );
@@ -93,6 +96,7 @@ pub async fn run_outbox(stores: outbox::Stores<'_>) {
             outbox::accept_commits_each_key_once,
             outbox::accept_refuses_stray_jobs,
             outbox::accept_leases_new_due_jobs,
+            outbox_order::accepted_jobs_of_an_order_key_keep_the_order_of_acceptance,
             outbox::settle_records_attempts_with_outcomes,
             outbox::shipments_hand_over_each_record_once,
             outbox::trace_contexts_travel_with_events,

@@ -16,7 +16,7 @@ use crate::{
     JobQueue, LeaseOffer, LogStore, Outbox, Reschedule, Settlement, TenantId, Timestamp,
 };
 
-const LEASE: Duration = Duration::from_secs(30);
+pub(super) const LEASE: Duration = Duration::from_secs(30);
 
 /// The outbox and the stores beside it.
 #[derive(Debug, Clone, Copy)]
@@ -29,7 +29,7 @@ pub struct Stores<'a> {
     pub log: &'a dyn LogStore,
 }
 
-fn intake(tenant: &TenantId, id: &str, destinations: &[DestinationId]) -> Intake {
+pub(super) fn intake(tenant: &TenantId, id: &str, destinations: &[DestinationId]) -> Intake {
     let event = event(tenant, id, "order.created", Timestamp::now());
     let jobs = destinations
         .iter()
@@ -41,12 +41,13 @@ fn intake(tenant: &TenantId, id: &str, destinations: &[DestinationId]) -> Intake
             attempt_number: 1,
             last_attempt_time: None,
             due_at: Timestamp::now(),
+            order_key: None,
         })
         .collect();
     Intake { event, jobs }
 }
 
-async fn assert_idle(queue: &dyn JobQueue, case: &str) {
+pub(super) async fn assert_idle(queue: &dyn JobQueue, case: &str) {
     let depth = queue.depth().await.expect("depth");
     assert_eq!(
         depth.due + depth.scheduled + depth.claimed,
@@ -57,7 +58,7 @@ async fn assert_idle(queue: &dyn JobQueue, case: &str) {
 
 /// Every record the outbox still has for the log store, shipped and committed. Returns the
 /// events and attempts shipped.
-async fn ship_all(stores: Stores<'_>) -> (Vec<Event>, Vec<crate::Attempt>) {
+pub(super) async fn ship_all(stores: Stores<'_>) -> (Vec<Event>, Vec<crate::Attempt>) {
     let mut events = Vec::new();
     let mut attempts = Vec::new();
     while let Some(shipment) = stores.outbox.take(100).await.expect("take") {

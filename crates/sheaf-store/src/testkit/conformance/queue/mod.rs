@@ -1,5 +1,5 @@
 //! [`JobQueue`] conformance: due order, exclusive claims, lease expiry, renewal, the outcomes, the
-//! lost-lease rule, dead letters and heartbeats.
+//! lost-lease rule, dead letters, per-key ordering and heartbeats.
 //!
 //! Every case expects an idle queue of its own (a claim takes any due job, whatever its tenant),
 //! checks that it is idle when it starts, and purges its tenants when it ends.
@@ -7,6 +7,7 @@
 mod claims;
 mod heartbeats;
 mod leases;
+mod ordering;
 mod outcomes;
 
 pub use claims::{
@@ -17,6 +18,10 @@ pub use heartbeats::heartbeats_count_the_processes_sharing_the_queue;
 pub use leases::{
     expired_lease_returns_the_job, release_makes_jobs_claimable_again, renew_extends_the_lease,
     reschedule_moves_the_job,
+};
+pub use ordering::{
+    concurrent_claimers_keep_each_key_in_order,
+    ordered_jobs_of_a_key_go_one_at_a_time_in_enqueue_order,
 };
 pub use outcomes::{
     dead_letters_are_kept_and_listed, lost_leases_change_nothing, purge_tenant_removes_its_jobs,
