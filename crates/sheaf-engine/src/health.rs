@@ -303,6 +303,7 @@ pub(crate) async fn ensure_operator_destination(
         rate_limit: None,
         headers: Default::default(),
         transform: None,
+        ordering_key: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

@@ -28,6 +28,7 @@ pub mod body {
         BodyError, CDC_ID_PREFIX, PublishRequest, ValidPublish, api_tenant_id, json_error,
         parse_json, parse_publish, validate_publish,
     };
+    pub use crate::ingest::order::check_ordering_key;
 }
 
 /// Manual retries and bulk replays: what a caller asks for, and what a replay reports.

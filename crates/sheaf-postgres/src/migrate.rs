@@ -87,6 +87,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "job_order",
         sql: include_str!("../migrations/0012_job_order.sql"),
     },
+    Migration {
+        version: 13,
+        name: "destination_ordering",
+        sql: include_str!("../migrations/0013_destination_ordering.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_jobs_without_rowid.sql"),
     include_str!("../migrations/0007_destination_transform.sql"),
     include_str!("../migrations/0008_job_order.sql"),
+    include_str!("../migrations/0009_destination_ordering.sql"),
 ];
 
 /// The newest schema version this build knows.

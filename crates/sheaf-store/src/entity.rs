@@ -221,6 +221,11 @@ pub struct Destination {
     /// the store keeps the source as given (text without NUL characters, which Postgres cannot
     /// hold).
     pub transform: Option<String>,
+    /// Per-key ordering: a JSON pointer (RFC 6901) into the event `{"id", "topic", "data"}`
+    /// whose value is each event's order key (`/data/order_id`); events with the same key are
+    /// delivered to this destination one at a time, in the order they were accepted. `None`:
+    /// deliveries run in parallel, in no promised order.
+    pub ordering_key: Option<String>,
     /// Disabled destinations keep their configuration but receive nothing.
     pub enabled: bool,
     /// Why it is disabled and since when; `None` while it is enabled.
@@ -377,6 +382,8 @@ pub struct DestinationPatch {
     pub headers: Option<BTreeMap<String, String>>,
     /// A new transformation (`Some(Some(_))`), or none any more (`Some(None)`).
     pub transform: Option<Option<String>>,
+    /// A new ordering key pointer (`Some(Some(_))`), or no ordering any more (`Some(None)`).
+    pub ordering_key: Option<Option<String>>,
     /// Enable (which clears `disabled_reason`) or disable (which sets it to the patch's
     /// `disabled_reason`).
     pub enabled: Option<bool>,
@@ -415,6 +422,9 @@ impl DestinationPatch {
         }
         if let Some(transform) = &self.transform {
             destination.transform = transform.clone();
+        }
+        if let Some(ordering_key) = &self.ordering_key {
+            destination.ordering_key = ordering_key.clone();
         }
         if let Some(enabled) = self.enabled {
             destination.enabled = enabled;

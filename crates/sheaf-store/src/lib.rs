@@ -35,8 +35,8 @@ pub use outbox::{
 };
 pub use page::{Cursor, MAX_PAGE_LIMIT, Page, PageRequest};
 pub use queue::{
-    ClaimedJob, DeadLetter, DeadLetterRequest, Job, JobQueue, Lease, QueueDepth, Renewed,
-    Reschedule, validate_job, validate_lease,
+    ClaimedJob, DeadLetter, DeadLetterRequest, Job, JobQueue, Lease, MAX_ORDER_KEY_LEN, QueueDepth,
+    Renewed, Reschedule, validate_job, validate_lease,
 };
 pub use replay::{
     NewReplay, Replay, ReplayLease, ReplayPage, ReplayProgress, ReplaySaved, ReplayState,

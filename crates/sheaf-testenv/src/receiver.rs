@@ -49,6 +49,8 @@ pub enum Failing {
     Until(Instant),
     /// For this long after the receiver answered its first request (`Duration::ZERO`: never).
     ForAfterFirst(Duration),
+    /// Every `n`th request (the `n`th, the `2n`th, …) is answered 503.
+    EveryNth(u32),
 }
 
 /// One request the receiver answered.
@@ -260,6 +262,7 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         Failing::Always => true,
         Failing::Until(until) => now < until,
         Failing::ForAfterFirst(window) => now.duration_since(first) < window,
+        Failing::EveryNth(n) => (state.log.len() + 1) % (n.max(1) as usize) == 0,
     };
     let status = match (&shared.redirect_to, failing) {
         (_, true) if shared.retry_after.is_some() => StatusCode::TOO_MANY_REQUESTS,

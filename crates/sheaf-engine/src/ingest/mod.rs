@@ -9,6 +9,7 @@
 pub(crate) mod body;
 #[cfg(feature = "cdc")]
 pub(crate) mod cdc;
+pub(crate) mod order;
 pub(crate) mod publish;
 pub(crate) mod replay;
 pub(crate) mod retry;

@@ -114,7 +114,10 @@ pub(crate) fn job_for(event: &Event, destination: &Destination, now: Timestamp) 
         attempt_number: 1,
         last_attempt_time: None,
         due_at: now,
-        order_key: None,
+        order_key: destination
+            .ordering_key
+            .as_deref()
+            .and_then(|pointer| super::order::order_key(event, pointer)),
     }
 }
 

@@ -171,11 +171,30 @@ fn destination_input(destinations: &Registry) -> Value {
                 "headers": headers_schema(&reserved),
                 "enabled": { "type": "boolean", "default": true },
                 "signing": signing_schema("How deliveries are signed; absent: hmac-sha256"),
-                "transform": transform_schema("A jq program that maps each event to the body sent; absent or null: the event's data as published")
+                "transform": transform_schema("A jq program that maps each event to the body sent; absent or null: the event's data as published"),
+                "ordering": ordering_schema("Deliveries of events with the same key go one at a time, in the order they were accepted; absent or null: in parallel")
             }
         })
     };
     json!({ "oneOf": destinations.iter().map(one).collect::<Vec<_>>() })
+}
+
+/// A destination's `ordering`: `{"key": "<JSON pointer>"}`, or null.
+fn ordering_schema(description: &str) -> Value {
+    json!({
+        "anyOf": [{
+            "type": "object",
+            "required": ["key"],
+            "additionalProperties": false,
+            "properties": { "key": {
+                "type": "string",
+                "maxLength": sheaf_store::MAX_ORDER_KEY_LEN,
+                "pattern": "^(/id|/topic|/data(/([^~]|~[01])*)*)$",
+                "description": "A JSON pointer into the event {id, topic, data}, like /data/order_id: its value is the event's order key (a string as it is, another value as its JSON text; missing or null: the event goes unordered)"
+            } }
+        }, { "type": "null" }],
+        "description": description
+    })
 }
 
 /// A destination's `transform`: a jq program, or null.
@@ -348,12 +367,13 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "headers": headers_schema(&destinations.reserved_headers()),
                 "enabled": { "type": "boolean" },
                 "signing": signing_schema("Another algorithm than the current key's rotates to a fresh key of it (the old one keeps signing for SHEAF_SECRET_ROTATION_GRACE); the same one changes nothing"),
-                "transform": transform_schema("A new jq program, or null for none")
+                "transform": transform_schema("A new jq program, or null for none"),
+                "ordering": ordering_schema("A new ordering key, or null for none")
             }
         },
         "Destination": {
             "type": "object",
-            "required": ["id", "tenant_id", "type", "topics", "filter", "rate_limit", "config", "headers", "transform", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
+            "required": ["id", "tenant_id", "type", "topics", "filter", "rate_limit", "config", "headers", "transform", "ordering", "enabled", "disabled_reason", "consecutive_failures", "credentials", "created_at", "updated_at"],
             "properties": {
                 "id": uuid_schema(),
                 "tenant_id": { "type": "string" },
@@ -364,6 +384,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "config": { "type": "object", "description": "As its type defines it (see DestinationInput), with the password of a `url`, if any, shown as `***`" },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "transform": { "type": ["string", "null"], "description": "The jq program that shapes each delivery, or null" },
+                "ordering": { "anyOf": [{ "type": "object", "required": ["key"], "properties": { "key": { "type": "string" } } }, { "type": "null" }], "description": "The per-key ordering, or null" },
                 "enabled": { "type": "boolean" },
                 "disabled_reason": {
                     "type": ["object", "null"],

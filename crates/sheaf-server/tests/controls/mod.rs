@@ -3,7 +3,8 @@
 //! a destination that keeps failing is disabled with operator events (`health`); a rate limit
 //! holds across processes (`limits`); dead letters are replayed in bulk (`replay`), and a replay
 //! outlives the process that started it, killed or shut down (`replay_takeover`); at the
-//! pending-work bound publishes are refused and nothing accepted is lost (`backpressure`).
+//! pending-work bound publishes are refused and nothing accepted is lost (`backpressure`); an
+//! ordered destination gets each key's events in publish order through retries (`ordering`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -387,5 +388,6 @@ async fn a_filter_the_service_cannot_use_is_refused_naming_its_path() {
 mod backpressure;
 mod health;
 mod limits;
+mod ordering;
 mod replay;
 mod replay_takeover;

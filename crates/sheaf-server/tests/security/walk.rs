@@ -170,6 +170,7 @@ pub(super) fn stored_destination(
         rate_limit: None,
         headers: Default::default(),
         transform: None,
+        ordering_key: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

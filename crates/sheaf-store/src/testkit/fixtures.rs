@@ -127,6 +127,7 @@ pub fn destination(tenant: &TenantId) -> Destination {
         rate_limit: None,
         headers: BTreeMap::from([("x-team".to_owned(), "payments".to_owned())]),
         transform: None,
+        ordering_key: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

@@ -155,6 +155,7 @@ fn broker_destination(tenant: &TenantId, url: &str) -> Destination {
         rate_limit: None,
         headers: Default::default(),
         transform: None,
+        ordering_key: None,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

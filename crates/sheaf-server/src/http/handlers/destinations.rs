@@ -41,6 +41,7 @@ fn destination_json(d: &Destination) -> Value {
         "config": url_password::redacted(&d.config),
         "headers": d.headers,
         "transform": d.transform,
+        "ordering": d.ordering_key.as_ref().map(|key| json!({ "key": key })),
         "enabled": d.enabled,
         "disabled_reason": d.disabled_reason.as_ref().map(|r| json!({
             "reason": r.reason,
@@ -123,6 +124,25 @@ pub(crate) struct DestinationInput {
     /// A jq program that reshapes each event; absent or `null`: none.
     #[serde(default)]
     transform: Option<String>,
+    /// `{"key": "<JSON pointer>"}`: deliveries of one key go one at a time, in order; absent or
+    /// `null`: no ordering.
+    #[serde(default)]
+    ordering: Option<OrderingInput>,
+}
+
+/// `{"key": "/data/order_id"}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OrderingInput {
+    key: String,
+}
+
+fn check_ordering(input: Option<OrderingInput>) -> Result<Option<String>, ApiError> {
+    let Some(input) = input else {
+        return Ok(None);
+    };
+    sheaf_engine::body::check_ordering_key(&input.key).map_err(ApiError::invalid)?;
+    Ok(Some(input.key))
 }
 
 #[derive(Debug, Deserialize)]
@@ -149,6 +169,9 @@ pub(crate) struct DestinationPatchInput {
     /// Absent: unchanged; `null`: removed; a program: replaced.
     #[serde(default, deserialize_with = "present")]
     transform: Option<Option<String>>,
+    /// Absent: unchanged; `null`: no ordering any more; an object: the new key.
+    #[serde(default, deserialize_with = "present")]
+    ordering: Option<Option<OrderingInput>>,
 }
 
 /// An optional field that, when given, must be a value: `null` is refused ("invalid type: null,
@@ -340,6 +363,7 @@ pub(crate) async fn create_destination(
         .unwrap_or(SigningAlgorithm::HmacSha256);
     let config = checked_config(kind_impl, &input.config, None).await?;
     let transform = check_transform(input.transform).await?;
+    let ordering_key = check_ordering(input.ordering)?;
     let now = Timestamp::now();
     let destination = Destination {
         id: DestinationId::generate(),
@@ -351,6 +375,7 @@ pub(crate) async fn create_destination(
         rate_limit,
         headers: input.headers,
         transform,
+        ordering_key,
         enabled: input.enabled.unwrap_or(true),
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
         consecutive_failures: 0,
@@ -435,6 +460,7 @@ pub(crate) async fn patch_destination(
         Some(source) => Some(check_transform(source).await?),
         None => None,
     };
+    let ordering_key = input.ordering.map(check_ordering).transpose()?;
     let config = if let Some(config) = &input.config {
         // A config is its type's to check: read the destination's type first (a type never
         // changes, so nothing races this read).
@@ -457,6 +483,7 @@ pub(crate) async fn patch_destination(
         rate_limit,
         headers: input.headers,
         transform,
+        ordering_key,
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };

@@ -152,13 +152,15 @@ pub async fn destination_types_and_configs_are_kept_as_given(store: &dyn EntityS
         .expect("delete_tenant failed");
 }
 
-/// A transformation's source comes back exactly as created (several lines, quotes, non-ASCII),
-/// a patch that does not name it keeps it, `Some(Some(_))` replaces it, `Some(None)` removes it.
+/// A transformation's source and an ordering key come back exactly as created (several lines,
+/// quotes, non-ASCII), a patch that does not name them keeps them, `Some(Some(_))` replaces
+/// one, `Some(None)` removes it.
 pub async fn destination_transforms_are_kept_replaced_and_cleared(store: &dyn EntityStore) {
     let tenant = make_tenant(store, "entity-transform").await;
     let source = "# Slack\n.data | {text: \"Bestellung \\(.id): \\(.total) €\"}\n| with_headers({\"x-a\": \"b\"})";
     let original = Destination {
         transform: Some(source.to_owned()),
+        ordering_key: Some("/data/Bestellnummer ü".to_owned()),
         ..destination(&tenant)
     };
     store
@@ -219,6 +221,36 @@ pub async fn destination_transforms_are_kept_replaced_and_cleared(store: &dyn En
         ..replaced.clone()
     };
     check_mutation(store, &cleared, &expected, "removing the transformation").await;
+
+    let reorder = DestinationPatch {
+        ordering_key: Some(Some("/data/customer/id".to_owned())),
+        ..Default::default()
+    };
+    let reordered = store
+        .update_destination(&tenant, &original.id, &reorder)
+        .await
+        .expect("patch ordering");
+    let expected = Destination {
+        ordering_key: Some("/data/customer/id".to_owned()),
+        ..cleared.clone()
+    };
+    check_mutation(store, &reordered, &expected, "replacing the ordering key").await;
+    let unordered = store
+        .update_destination(
+            &tenant,
+            &original.id,
+            &DestinationPatch {
+                ordering_key: Some(None),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clear ordering");
+    let expected = Destination {
+        ordering_key: None,
+        ..reordered.clone()
+    };
+    check_mutation(store, &unordered, &expected, "removing the ordering key").await;
     store
         .delete_tenant(&tenant)
         .await
