@@ -56,32 +56,35 @@ impl Sheaf {
 
     /// Creates the tenant and one webhook destination for every topic pointing at `url`.
     pub async fn add_destination(&self, tenant: &str, url: &str) -> anyhow::Result<()> {
-        self.add_destination_with(tenant, url, None).await.map(drop)
+        self.add_destination_with(tenant, url, serde_json::json!({}))
+            .await
+            .map(drop)
     }
 
-    /// [`Sheaf::add_destination`], with `transform` as the destination's transformation (a jq
-    /// program) when given; returns the destination's id.
+    /// [`Sheaf::add_destination`], then `settings` (an object of the destination's settings,
+    /// `{"transform": …}`, `{"ordering": …}`) applied by a PATCH when not empty; returns the
+    /// destination's id.
     pub async fn add_destination_with(
         &self,
         tenant: &str,
         url: &str,
-        transform: Option<&str>,
+        settings: serde_json::Value,
     ) -> anyhow::Result<String> {
         let base = self.process.base();
         let id = self.api.tenant_with_destination(&base, tenant, url).await?;
-        if let Some(program) = transform {
+        if settings.as_object().is_some_and(|o| !o.is_empty()) {
             let (status, body) = self
                 .api
                 .call(
                     reqwest::Method::PATCH,
                     &base,
                     &format!("/api/v1/tenants/{tenant}/destinations/{id}"),
-                    Some(&serde_json::json!({ "transform": program })),
+                    Some(&settings),
                 )
                 .await?;
             anyhow::ensure!(
                 status == 200,
-                "setting the transformation answered {status}: {body}"
+                "setting {settings} answered {status}: {body}"
             );
         }
         Ok(id)
@@ -158,7 +161,8 @@ impl Publisher {
     pub async fn publish(&self, seq: u64, pad: &str) -> anyhow::Result<bool> {
         // A publisher-chosen id, as clients that retry publishes send: the path that checks
         // idempotency.
-        let data = serde_json::json!({ "seq": seq, "pad": pad });
+        // `key`: one of 1,000 order keys, for the destinations ordered by `/data/key`.
+        let data = serde_json::json!({ "seq": seq, "key": seq % 1_000, "pad": pad });
         let id = format!("bench-{seq}");
         let status = self
             .api

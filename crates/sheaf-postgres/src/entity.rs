@@ -1,5 +1,8 @@
 //! [`PostgresEntityStore`]: tenants and destinations, each mutation one statement (a call to
 //! `record_delivery_health` too, however many destinations it reports).
+//!
+//! Longer than 600 lines because every statement of the store sits beside the code that binds
+//! it: a destination's columns, its patch's flags and their parameters are read together.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,7 +18,7 @@ use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::db::{Db, get, get_opt_time, get_time, pg_text};
+use crate::db::{Db, PgQuery, get, get_opt_time, get_time, pg_text};
 use crate::error::{decode, from_sqlx};
 
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, config, topics, headers, enabled, secret, \
@@ -236,6 +239,13 @@ fn tenant_from_row(row: &PgRow) -> Result<Tenant> {
     })
 }
 
+/// Binds a text field a patch can replace or clear: whether it names it, then the new text.
+fn bind_replaced<'q>(query: PgQuery<'q>, field: &'q Option<Option<String>>) -> PgQuery<'q> {
+    query
+        .bind(field.is_some())
+        .bind(field.as_ref().and_then(Option::as_deref).map(pg_text))
+}
+
 fn destination_from_row(row: &PgRow) -> Result<Destination> {
     let reading = "reading a destination";
     let kind: String = get(row, "kind")?;
@@ -412,7 +422,7 @@ impl EntityStore for PostgresEntityStore {
         patch: &DestinationPatch,
     ) -> Result<Destination> {
         let reason = patch.disabled_reason.as_ref();
-        let row = sqlx::query(&self.sql.update_destination)
+        let query = sqlx::query(&self.sql.update_destination)
             .bind(tenant.as_str())
             .bind(id.as_uuid())
             .bind(patch.config.as_ref().map(Json))
@@ -431,23 +441,8 @@ impl EntityStore for PostgresEntityStore {
             .bind(reason.map(|r| r.since.as_datetime()))
             .bind(reason.map(|r| r.automatic))
             .bind(patch.rate_limit.is_some())
-            .bind(patch.rate_limit.flatten().map(per_second))
-            .bind(patch.transform.is_some())
-            .bind(
-                patch
-                    .transform
-                    .as_ref()
-                    .and_then(Option::as_deref)
-                    .map(pg_text),
-            )
-            .bind(patch.ordering_key.is_some())
-            .bind(
-                patch
-                    .ordering_key
-                    .as_ref()
-                    .and_then(Option::as_deref)
-                    .map(pg_text),
-            )
+            .bind(patch.rate_limit.flatten().map(per_second));
+        let row = bind_replaced(bind_replaced(query, &patch.transform), &patch.ordering_key)
             .fetch_optional(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("updating a destination", e))?;

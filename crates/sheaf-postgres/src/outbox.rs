@@ -95,16 +95,17 @@ impl Statements {
         // Only the new events' jobs, and never an id that is dead-lettered (as `enqueue`). The
         // first $15 of them that are due are inserted leased for $16 microseconds (the lease
         // offer): a running count over the due ones, in id order. A job of an order key ($17,
-        // its rank in the call $18) is never leased here: only the claim knows whether it is
-        // the first of its key. The answer is one row per new key and one per leased job.
+        // its rank among the call's jobs of that key $18) is leased only if it is the key's
+        // first, in the call and in the table: the key's lock was taken by the transaction
+        // before this statement began, so its snapshot holds every earlier job of the key. The
+        // answer is one row per new key and one per leased job.
         let accept = format!(
             "WITH new AS ({new_keys}){payloads}, queued AS (
                  INSERT INTO {s}.jobs ({INSERTED_COLUMNS}, claimed_until)
                  SELECT j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
                         j.last_attempt_time, j.next_due_at, j.order_key, {},
-                        CASE WHEN j.next_due_at <= now() AND j.order_key IS NULL
-                                  AND count(*) FILTER (WHERE j.next_due_at <= now()
-                                                         AND j.order_key IS NULL)
+                        CASE WHEN j.next_due_at <= now() AND {first}
+                                  AND count(*) FILTER (WHERE j.next_due_at <= now() AND {first})
                                           OVER (ORDER BY j.id) <= $15
                              THEN now() + $16::bigint * interval '1 microsecond'
                         END
@@ -122,7 +123,12 @@ impl Statements {
              FROM new
              UNION ALL
              SELECT NULL, NULL, id, claimed_until FROM queued WHERE claimed_until IS NOT NULL",
-            order_seq(s)
+            order_seq(s),
+            first = format!(
+                "(j.order_key IS NULL OR (j.order_rank = 1 AND NOT EXISTS (
+                      SELECT 1 FROM {s}.jobs AS e
+                      WHERE e.destination_id = j.destination_id AND e.order_key = j.order_key)))"
+            ),
         );
         // Shipped: the same 13 columns into the outbox, without the payload (see
         // `migrations/0004_outbox.sql`).

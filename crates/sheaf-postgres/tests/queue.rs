@@ -211,6 +211,26 @@ async fn claims_and_renewals_are_hot_updates() {
     );
 }
 
+/// The generic plan of the claim after an `ANALYZE` of `jobs`: the plan's root and every node.
+async fn analyzed_generic_claim_plan(
+    test: &TestSchema,
+) -> (serde_json::Value, Vec<serde_json::Value>) {
+    sqlx::raw_sql(&format!("ANALYZE \"{}\".jobs", test.schema))
+        .execute(test.stores.pool())
+        .await
+        .expect("analyze");
+    let explained = test
+        .stores
+        .postgres_job_queue()
+        .explain_generic_claim()
+        .await
+        .expect("explain");
+    let root = explained[0].clone();
+    let mut nodes = Vec::new();
+    plan_nodes(&root["Plan"], &mut nodes);
+    (root, nodes)
+}
+
 /// Every node of an `EXPLAIN (FORMAT JSON)` plan, depth first.
 fn plan_nodes(node: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
     out.push(node.clone());
@@ -231,19 +251,7 @@ async fn the_generic_claim_plan_never_scans_the_whole_table() {
     let _gate = Gate::shared(&url).await;
     let test = TestSchema::new(&url).await;
     enqueue_due(&*test.stores.job_queue(), 20_000).await;
-    sqlx::raw_sql(&format!("ANALYZE \"{}\".jobs", test.schema))
-        .execute(test.stores.pool())
-        .await
-        .expect("analyze");
-    let explained = test
-        .stores
-        .postgres_job_queue()
-        .explain_generic_claim()
-        .await
-        .expect("explain");
-    let root = &explained[0];
-    let mut nodes = Vec::new();
-    plan_nodes(&root["Plan"], &mut nodes);
+    let (root, nodes) = analyzed_generic_claim_plan(&test).await;
     let on_jobs: Vec<&serde_json::Value> = nodes
         .iter()
         .filter(|n| n["Relation Name"] == "jobs")
@@ -281,19 +289,7 @@ async fn the_claim_asks_the_order_index_for_a_key_s_earlier_jobs() {
     for chunk in ordered.chunks(500) {
         queue.enqueue(chunk).await.expect("enqueue");
     }
-    sqlx::raw_sql(&format!("ANALYZE \"{}\".jobs", test.schema))
-        .execute(test.stores.pool())
-        .await
-        .expect("analyze");
-    let explained = test
-        .stores
-        .postgres_job_queue()
-        .explain_generic_claim()
-        .await
-        .expect("explain");
-    let root = &explained[0];
-    let mut nodes = Vec::new();
-    plan_nodes(&root["Plan"], &mut nodes);
+    let (root, nodes) = analyzed_generic_claim_plan(&test).await;
     println!("{root:#}");
     for node in nodes.iter().filter(|n| n["Relation Name"] == "jobs") {
         assert_ne!(node["Node Type"], "Seq Scan", "a scan of jobs: {root:#}");

@@ -221,10 +221,9 @@ pub struct Destination {
     /// the store keeps the source as given (text without NUL characters, which Postgres cannot
     /// hold).
     pub transform: Option<String>,
-    /// Per-key ordering: a JSON pointer (RFC 6901) into the event `{"id", "topic", "data"}`
-    /// whose value is each event's order key (`/data/order_id`); events with the same key are
-    /// delivered to this destination one at a time, in the order they were accepted. `None`:
-    /// deliveries run in parallel, in no promised order.
+    /// Per-key ordering: a JSON pointer into the event `{"id", "topic", "data"}` whose value is
+    /// each event's order key (`/data/order_id`); a key's events go one at a time, in the order
+    /// they were accepted. `None`: in parallel, in no promised order.
     pub ordering_key: Option<String>,
     /// Disabled destinations keep their configuration but receive nothing.
     pub enabled: bool,

@@ -40,7 +40,7 @@ pub(super) async fn run_backend(
         env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
         guards = (Some(schema), None);
     }
-    if backend == Backend::PostgresClickHouse {
+    if backend.stores() == Backend::PostgresClickHouse {
         let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
         let db = ChDb::new(ctx.clickhouse()?, "bench_delivery");
         env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
@@ -87,9 +87,8 @@ pub(super) async fn run_backend(
         .join("logs")
         .join(format!("delivery-{backend:?}.log").to_lowercase());
     let sheaf = Sheaf::start(bin, &env, &log).await?;
-    let transform = (backend == Backend::MemoryTransformed).then_some(super::TRANSFORM);
     sheaf
-        .add_destination_with("bench", &receiver.url(), transform)
+        .add_destination_with("bench", &receiver.url(), backend.destination_settings())
         .await?;
     let publisher = sheaf.publisher("bench");
     let pad = Arc::new("x".repeat(PAD_BYTES));
@@ -310,10 +309,13 @@ impl Servers {
                 .and_then(port_of)
                 .and_then(sheaf_testenv::process::listener_pid)
         };
-        let postgres = matches!(backend, Backend::Postgres | Backend::PostgresClickHouse);
+        let postgres = matches!(
+            backend.stores(),
+            Backend::Postgres | Backend::PostgresClickHouse
+        );
         Servers {
             postgres: postgres.then(|| listener(ctx.postgres())).flatten(),
-            clickhouse: (backend == Backend::PostgresClickHouse)
+            clickhouse: (backend.stores() == Backend::PostgresClickHouse)
                 .then(|| listener(ctx.clickhouse()))
                 .flatten(),
         }

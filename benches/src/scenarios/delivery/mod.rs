@@ -50,12 +50,16 @@ pub(super) enum Backend {
     /// The memory backends with [`TRANSFORM`] on the destination: what a transformation costs
     /// end to end (its runner processes' CPU counted with the `sheaf` process's).
     MemoryTransformed,
+    /// The memory backends with the destination ordered by `/data/key` (1,000 keys).
+    MemoryOrdered,
     /// Every store in one SQLite file (`SHEAF_SQLITE_SYNC=normal`, the default).
     Sqlite,
     /// The same with `SHEAF_SQLITE_SYNC=full`: an fsync per group commit.
     SqliteFull,
     Postgres,
     PostgresClickHouse,
+    /// Postgres + ClickHouse with the destination ordered by `/data/key` (1,000 keys).
+    PostgresClickHouseOrdered,
 }
 
 impl Backend {
@@ -64,16 +68,40 @@ impl Backend {
             Backend::Memory => "memory",
             Backend::MemoryTraced => "memory, traces exported",
             Backend::MemoryTransformed => "memory, transformed",
+            Backend::MemoryOrdered => "memory, ordered",
+            Backend::PostgresClickHouseOrdered => "Postgres + ClickHouse, ordered",
             Backend::Sqlite => "SQLite",
             Backend::SqliteFull => "SQLite, sync full",
             Backend::Postgres => "Postgres + Postgres",
             Backend::PostgresClickHouse => "Postgres + ClickHouse",
         }
     }
+
+    /// The stores it runs on: a variant's plain configuration.
+    pub(super) fn stores(self) -> Backend {
+        match self {
+            Backend::MemoryOrdered | Backend::MemoryTransformed | Backend::MemoryTraced => {
+                Backend::Memory
+            }
+            Backend::PostgresClickHouseOrdered => Backend::PostgresClickHouse,
+            other => other,
+        }
+    }
+
+    /// The destination's settings besides its URL.
+    pub(super) fn destination_settings(self) -> serde_json::Value {
+        match self {
+            Backend::MemoryTransformed => serde_json::json!({ "transform": TRANSFORM }),
+            Backend::MemoryOrdered | Backend::PostgresClickHouseOrdered => {
+                serde_json::json!({ "ordering": { "key": "/data/key" } })
+            }
+            _ => serde_json::json!({}),
+        }
+    }
 }
 
 /// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,transformed,sqlite,sqlite-full,postgres,clickhouse` and a steady phase length in seconds. The figures in
+/// subset of `memory,traced,transformed,ordered,sqlite,sqlite-full,postgres,clickhouse,clickhouse-ordered` and a steady phase length in seconds. The figures in
 /// docs/benchmarks.md always come from a run without them.
 const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
 const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
@@ -85,10 +113,12 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
         Backend::Memory,
         Backend::MemoryTraced,
         Backend::MemoryTransformed,
+        Backend::MemoryOrdered,
         Backend::Sqlite,
         Backend::SqliteFull,
         Backend::Postgres,
         Backend::PostgresClickHouse,
+        Backend::PostgresClickHouseOrdered,
     ];
     let Ok(list) = std::env::var(BACKENDS_VAR) else {
         return Ok(all);
@@ -98,12 +128,14 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
             "memory" => Ok(Backend::Memory),
             "traced" => Ok(Backend::MemoryTraced),
             "transformed" => Ok(Backend::MemoryTransformed),
+            "ordered" => Ok(Backend::MemoryOrdered),
+            "clickhouse-ordered" => Ok(Backend::PostgresClickHouseOrdered),
             "sqlite" => Ok(Backend::Sqlite),
             "sqlite-full" => Ok(Backend::SqliteFull),
             "postgres" => Ok(Backend::Postgres),
             "clickhouse" => Ok(Backend::PostgresClickHouse),
             other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, sqlite, sqlite-full, postgres or clickhouse"
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, ordered, sqlite, sqlite-full, postgres, clickhouse or clickhouse-ordered"
             ),
         })
         .collect()

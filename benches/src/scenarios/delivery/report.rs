@@ -294,6 +294,30 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             report::millis(plain.saturation.publish_p50_ms),
         ));
     }
+    for (plain, ordered) in [
+        (Backend::Memory, Backend::MemoryOrdered),
+        (
+            Backend::PostgresClickHouse,
+            Backend::PostgresClickHouseOrdered,
+        ),
+    ] {
+        if let (Some(p), Some(o)) = (
+            measured.iter().find(|m| m.backend == plain),
+            measured.iter().find(|m| m.backend == ordered),
+        ) {
+            report.note(format!(
+                "Ordering's cost on {}: with the destination ordered by `/data/key` (1,000 keys, \
+                 each event's key its seq modulo 1,000), {} events/s at saturation against {} \
+                 unordered ({}; target ≥ 0.7x), p50 publish → delivered {} against {}.",
+                plain.label(),
+                report::count(o.saturation.events_per_s),
+                report::count(p.saturation.events_per_s),
+                report::ratio(o.saturation.events_per_s / p.saturation.events_per_s),
+                report::millis(o.saturation.p50_ms),
+                report::millis(p.saturation.p50_ms),
+            ));
+        }
+    }
     if let Some(profile) = measured
         .iter()
         .find(|m| m.backend == Backend::Memory)

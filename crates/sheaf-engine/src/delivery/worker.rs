@@ -266,30 +266,17 @@ async fn deliver(
     if job.attempt_number > 1 && !manual {
         Metrics::inc(&core.metrics.retries);
     }
+    let status = if delivered.succeeded() {
+        AttemptStatus::Success
+    } else {
+        AttemptStatus::Failed
+    };
+    let carried = (topic, data, event_trace);
     let attempt = Attempt {
-        tenant_id: job.tenant_id.clone(),
-        id: AttemptId::generate(),
-        event_id: job.event_id.clone(),
-        destination_id: job.destination_id,
-        number: job.attempt_number,
-        time: now,
-        status: if delivered.succeeded() {
-            AttemptStatus::Success
-        } else {
-            AttemptStatus::Failed
-        },
-        trigger: if manual {
-            AttemptTrigger::Manual
-        } else {
-            AttemptTrigger::Scheduled
-        },
         response_code: delivered.code,
-        duration_ms: u32::try_from(delivered.elapsed.as_millis()).unwrap_or(u32::MAX),
         response_body: delivered.response.clone(),
         error: delivered.error.clone(),
-        event_topic: topic,
-        event_data: data,
-        event_trace,
+        ..attempt_of(&job, now, manual, status, delivered.elapsed, carried)
     };
     let result = if delivered.succeeded() {
         Ok(())
@@ -314,6 +301,39 @@ async fn deliver(
         attempt: None,
         report,
     })
+}
+
+/// The record of a turn's attempt made at `now` that took `elapsed`, with the event it carried
+/// (its topic, payload and trace context) and no answer yet: the caller adds the receiver's.
+fn attempt_of(
+    job: &Job,
+    now: Timestamp,
+    manual: bool,
+    status: AttemptStatus,
+    elapsed: Duration,
+    (topic, data, event_trace): (String, Payload, Option<TraceContext>),
+) -> Attempt {
+    Attempt {
+        tenant_id: job.tenant_id.clone(),
+        id: AttemptId::generate(),
+        event_id: job.event_id.clone(),
+        destination_id: job.destination_id,
+        number: job.attempt_number,
+        time: now,
+        status,
+        trigger: if manual {
+            AttemptTrigger::Manual
+        } else {
+            AttemptTrigger::Scheduled
+        },
+        response_code: None,
+        duration_ms: u32::try_from(elapsed.as_millis()).unwrap_or(u32::MAX),
+        response_body: None,
+        error: None,
+        event_topic: topic,
+        event_data: data,
+        event_trace,
+    }
 }
 
 /// What [`send`] did.
@@ -382,27 +402,8 @@ async fn filtered(
 ) -> Turn {
     let job = &claimed.job;
     core.metrics.delivery(DeliveryOutcome::Filtered);
-    let attempt = Attempt {
-        tenant_id: job.tenant_id.clone(),
-        id: AttemptId::generate(),
-        event_id: job.event_id.clone(),
-        destination_id: job.destination_id,
-        number: job.attempt_number,
-        time: now,
-        status: AttemptStatus::Filtered,
-        trigger: if manual {
-            AttemptTrigger::Manual
-        } else {
-            AttemptTrigger::Scheduled
-        },
-        response_code: None,
-        duration_ms: u32::try_from(elapsed.as_millis()).unwrap_or(u32::MAX),
-        response_body: None,
-        error: None,
-        event_topic: topic,
-        event_data: data,
-        event_trace,
-    };
+    let carried = (topic, data, event_trace);
+    let attempt = attempt_of(job, now, manual, AttemptStatus::Filtered, elapsed, carried);
     let outcome = Outcome::Complete(claimed.lease);
     let report = report(core, &claimed, Some(Ok(())), &outcome);
     if core.stores.outbox.is_some() {
