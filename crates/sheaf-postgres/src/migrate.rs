@@ -92,6 +92,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "destination_ordering",
         sql: include_str!("../migrations/0013_destination_ordering.sql"),
     },
+    Migration {
+        version: 14,
+        name: "jobs_fillfactor",
+        sql: include_str!("../migrations/0014_jobs_fillfactor.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -19,7 +19,7 @@
 //! # What stays HOT
 //!
 //! Claims, renewals and releases write only `claimed_until`, which is in no index: they are HOT
-//! updates (the table has `fillfactor = 85`). Reschedules move the indexed `next_due_at` and are
+//! updates (the table has `fillfactor = 80`). Reschedules move the indexed `next_due_at` and are
 //! not; completions and dead letters delete the row.
 //!
 //! Nothing here opens a transaction: each call is one statement, so no lock or snapshot is held
