@@ -231,12 +231,12 @@ async fn drive_runner(
     shared: Arc<Shared>,
     command: RunnerCommand,
     runaway_after: Duration,
-    runner: Option<Runner>,
+    mut runner: Option<Runner>,
 ) {
-    // One that ended while idle (killed from outside) is replaced, not blamed.
-    let mut runner = runner.and_then(|mut r| matches!(r.child.try_wait(), Ok(None)).then_some(r));
     loop {
-        let mut current = match runner.take() {
+        // One that ended while idle (killed from outside) is replaced, not blamed.
+        let alive = |mut r: Runner| matches!(r.child.try_wait(), Ok(None)).then_some(r);
+        let mut current = match runner.take().and_then(alive) {
             Some(current) => current,
             None => match Runner::start(&command) {
                 Ok(started) => started,
@@ -248,7 +248,12 @@ async fn drive_runner(
                     let waiting: Vec<Pending> = {
                         let mut state = lock(&shared.state);
                         state.running -= 1;
-                        // Others still driving take what waits; the last one answers it.
+                        // An idle runner takes over what waits (it would not wake by itself);
+                        // else others still driving take it; the last one answers it.
+                        if let Some(idle) = state.idle.pop() {
+                            runner = Some(idle);
+                            continue;
+                        }
                         if state.running > 0 {
                             Vec::new()
                         } else {
