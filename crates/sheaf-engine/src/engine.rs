@@ -176,6 +176,29 @@ impl Engine {
         self.core.stores.queue.list_dead_letters(tenant, page).await
     }
 
+    /// Puts the tenant's dead letter `id` back in the queue, due now, as attempt 1 (a user
+    /// retries it). One that blocks its ordering key goes back in its place, ahead of the key's
+    /// later events; another goes after the key's queued events. `false`: no such dead letter.
+    pub async fn requeue_dead_letter(
+        &self,
+        tenant: &TenantId,
+        id: JobId,
+    ) -> sheaf_store::Result<bool> {
+        let queue = &self.core.stores.queue;
+        Ok(queue.requeue_dead_letters(tenant, &[id]).await? > 0)
+    }
+
+    /// Discards the tenant's dead letter `id` without delivering it (a user skips it): one that
+    /// blocked its ordering key lets the key's next event go. `false`: no such dead letter.
+    pub async fn discard_dead_letter(
+        &self,
+        tenant: &TenantId,
+        id: JobId,
+    ) -> sheaf_store::Result<bool> {
+        let queue = &self.core.stores.queue;
+        Ok(queue.remove_dead_letters(tenant, &[id]).await? > 0)
+    }
+
     /// The queue's depth by state.
     pub async fn queue_depth(&self) -> sheaf_store::Result<QueueDepth> {
         self.core.stores.queue.depth().await

@@ -304,6 +304,7 @@ pub(crate) async fn ensure_operator_destination(
         headers: Default::default(),
         transform: None,
         ordering_key: None,
+        dead_letter_blocks_key: false,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

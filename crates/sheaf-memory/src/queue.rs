@@ -95,24 +95,32 @@ impl QueueState {
     fn remove_job(&mut self, id: JobId) -> Option<Job> {
         let row = self.jobs.remove(&id)?;
         self.due.remove(&(row.job.due_at, id));
-        if let Some(key) = &row.job.order_key {
-            let chain_key = (row.job.destination_id, key.clone());
-            if let Some(chain) = self.chains.get_mut(&chain_key) {
-                let was_first = chain.front() == Some(&id);
-                chain.retain(|j| *j != id);
-                match chain.front().copied() {
-                    None => {
-                        self.chains.remove(&chain_key);
-                    }
-                    Some(next) if was_first => {
-                        let due_at = self.jobs[&next].job.due_at;
-                        self.due.insert((due_at, next));
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
+        self.leave_chain(&row.job);
         Some(row.job)
+    }
+
+    /// Takes `job` out of its order key's chain (a job that is not there is left alone); if it
+    /// was the first, the next of the key becomes claimable.
+    fn leave_chain(&mut self, job: &Job) {
+        let Some(key) = &job.order_key else {
+            return;
+        };
+        let chain_key = (job.destination_id, key.clone());
+        let Some(chain) = self.chains.get_mut(&chain_key) else {
+            return;
+        };
+        let was_first = chain.front() == Some(&job.id);
+        chain.retain(|j| *j != job.id);
+        match chain.front().copied() {
+            None => {
+                self.chains.remove(&chain_key);
+            }
+            Some(next) if was_first => {
+                let due_at = self.jobs[&next].job.due_at;
+                self.due.insert((due_at, next));
+            }
+            Some(_) => {}
+        }
     }
 
     /// Whether `job` waits behind an earlier job of its order key.
@@ -125,7 +133,18 @@ impl QueueState {
         })
     }
 
+    /// Removes a dead letter; one that held its key lets the key's next job go.
     fn remove_dead(&mut self, id: JobId) -> Option<DeadLetter> {
+        let dead = self.take_dead(id)?;
+        if dead.holds_key {
+            self.leave_chain(&dead.job);
+        }
+        Some(dead)
+    }
+
+    /// Removes a dead letter from the dead-letter indexes only: one that holds its key stays
+    /// first of its key's chain.
+    fn take_dead(&mut self, id: JobId) -> Option<DeadLetter> {
         let dead = self.dead.remove(&id)?;
         let key = (dead.dead_lettered_at, id);
         self.dead_by_age.remove(&key);
@@ -363,7 +382,15 @@ impl JobQueue for MemoryJobQueue {
             |r| r.lease,
             |state, r| {
                 let id = r.lease.job_id;
-                let job = state.remove_job(id).expect("held");
+                let holds_key = r.hold_key && state.jobs[&id].job.order_key.is_some();
+                let job = if holds_key {
+                    // Out of the queue, but still first of its key's chain: the key waits.
+                    let row = state.jobs.remove(&id).expect("held");
+                    state.due.remove(&(row.job.due_at, id));
+                    row.job
+                } else {
+                    state.remove_job(id).expect("held")
+                };
                 state
                     .dead_by_tenant
                     .entry(job.tenant_id.clone())
@@ -376,6 +403,7 @@ impl JobQueue for MemoryJobQueue {
                         job,
                         reason: r.reason.clone(),
                         dead_lettered_at: now,
+                        holds_key,
                     },
                 );
             },
@@ -444,6 +472,44 @@ impl JobQueue for MemoryJobQueue {
         }
         self.release(&removed.iter().collect::<Vec<_>>());
         Ok(removed.len() as u64)
+    }
+
+    async fn requeue_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
+        let mut state = self.state.lock();
+        let now = Timestamp::now();
+        let mut requeued = 0;
+        for id in ids {
+            if state
+                .dead
+                .get(id)
+                .is_none_or(|d| d.job.tenant_id != *tenant)
+            {
+                continue;
+            }
+            let dead = state.take_dead(*id).expect("checked");
+            let job = Job {
+                attempt_number: 1,
+                last_attempt_time: None,
+                due_at: now,
+                ..dead.job
+            };
+            if dead.holds_key {
+                // Still first of its key's chain: back in the due index, in its place.
+                state.due.insert((job.due_at, job.id));
+                state.jobs.insert(
+                    job.id,
+                    Row {
+                        job,
+                        claimed_until: None,
+                    },
+                );
+            } else {
+                state.add_job(&job);
+            }
+            requeued += 1;
+        }
+        // The queue held the events while they were dead letters and goes on holding them.
+        Ok(requeued)
     }
 
     async fn list_dead_letters(

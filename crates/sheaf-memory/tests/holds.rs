@@ -79,6 +79,7 @@ async fn events_with_jobs_outlive_retention_until_their_jobs_are_gone() {
         .dead_letter(&[DeadLetterRequest {
             lease: lease_of(first.id),
             reason: "test".to_owned(),
+            hold_key: false,
         }])
         .await
         .expect("dead letter");

@@ -479,6 +479,7 @@ mod memory {
             let request = DeadLetterRequest {
                 lease: claimed[0].lease,
                 reason: "test".to_owned(),
+                hold_key: false,
             };
             assert!(
                 queue

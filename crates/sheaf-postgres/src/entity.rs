@@ -24,7 +24,7 @@ use crate::error::{decode, from_sqlx};
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, config, topics, headers, enabled, secret, \
      previous_secret, previous_secret_expires_at, created_at, updated_at, filter, \
      disabled_reason, disabled_since, disabled_automatically, consecutive_failures, \
-     rate_limit_per_second, transform, ordering_key";
+     rate_limit_per_second, transform, ordering_key, dead_letter_blocks_key";
 
 /// The largest count `consecutive_failures` (an `integer`) holds; counts saturate there, and a
 /// larger limit counts as this one (`migrations/0006_destination_health.sql`).
@@ -70,7 +70,7 @@ impl Statements {
             create_destination: format!(
                 "INSERT INTO {s}.destinations ({DESTINATION_COLUMNS})
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17, $18, $19, $20)"
+                         $17, $18, $19, $20, $21)"
             ),
             get_destination: format!(
                 "SELECT {DESTINATION_COLUMNS} FROM {s}.destinations
@@ -83,7 +83,7 @@ impl Statements {
             // One statement, so two patches never race through a read-modify-write. The filter
             // can be cleared, so a flag ($7) says whether $8 replaces it; so can the rate limit
             // (flag $12, limit $13), the transformation (flag $14, source $15) and the ordering
-            // key (flag $16, pointer $17). The reason ($9–$11) follows `enabled` ($6): enabling clears
+            // key (flag $16, pointer $17); $18 is `dead_letter_blocks_key`. The reason ($9–$11) follows `enabled` ($6): enabling clears
             // it, disabling sets it (NULLs when the patch gives none), and no `enabled` leaves it.
             update_destination: format!(
                 "UPDATE {s}.destinations
@@ -94,6 +94,7 @@ impl Statements {
                                                   ELSE rate_limit_per_second END,
                      transform = CASE WHEN $14 THEN $15::text ELSE transform END,
                      ordering_key = CASE WHEN $16 THEN $17::text ELSE ordering_key END,
+                     dead_letter_blocks_key = COALESCE($18, dead_letter_blocks_key),
                      disabled_reason = CASE $6 WHEN true THEN NULL WHEN false THEN $9
                                            ELSE disabled_reason END,
                      disabled_since = CASE $6 WHEN true THEN NULL WHEN false THEN $10
@@ -297,6 +298,7 @@ fn destination_from_row(row: &PgRow) -> Result<Destination> {
         headers: headers.0,
         transform: get(row, "transform")?,
         ordering_key: get(row, "ordering_key")?,
+        dead_letter_blocks_key: get(row, "dead_letter_blocks_key")?,
         enabled: get(row, "enabled")?,
         disabled_reason,
         consecutive_failures,
@@ -386,6 +388,7 @@ impl EntityStore for PostgresEntityStore {
             .bind(destination.rate_limit.map(per_second))
             .bind(destination.transform.as_deref().map(pg_text))
             .bind(destination.ordering_key.as_deref().map(pg_text))
+            .bind(destination.dead_letter_blocks_key)
             .execute(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("creating a destination", e))?;
@@ -443,6 +446,7 @@ impl EntityStore for PostgresEntityStore {
             .bind(patch.rate_limit.is_some())
             .bind(patch.rate_limit.flatten().map(per_second));
         let row = bind_replaced(bind_replaced(query, &patch.transform), &patch.ordering_key)
+            .bind(patch.dead_letter_blocks_key)
             .fetch_optional(&self.db.pool)
             .await
             .map_err(|e| from_sqlx("updating a destination", e))?;

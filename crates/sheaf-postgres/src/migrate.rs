@@ -97,6 +97,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "jobs_fillfactor",
         sql: include_str!("../migrations/0014_jobs_fillfactor.sql"),
     },
+    Migration {
+        version: 15,
+        name: "dead_letters_holding_keys",
+        sql: include_str!("../migrations/0015_dead_letters_holding_keys.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -39,7 +39,7 @@ use chrono::{DateTime, Utc};
 use sheaf_store::{
     ClaimedJob, Cursor, DeadLetter, DeadLetterRequest, DestinationId, EventId, Job, JobId,
     JobQueue, Lease, Page, PageRequest, QueueDepth, Renewed, Reschedule, Result, TenantId,
-    validate_job, validate_lease,
+    Timestamp, validate_job, validate_lease,
 };
 use sqlx::postgres::PgRow;
 
@@ -194,6 +194,8 @@ struct Statements {
     depth: String,
     purge: String,
     remove_dead_letters: String,
+    take_dead_letters: String,
+    unpark: String,
     heartbeat: String,
     vacuum: String,
 }
@@ -241,20 +243,35 @@ impl Statements {
                  WHERE {held}
                  RETURNING j.id, l.claimed_until AS old_until"
             ),
-            // Moved, not copied: the delete and the insert commit together.
+            // Moved, not copied: the delete and the insert commit together. A job that holds
+            // its key stays, parked at 'infinity' (migration 15); its dead letter keeps the due
+            // time it had, read from the row's version before the update (`old`).
             dead_letter: format!(
-                "WITH gone AS (
-                     DELETE FROM {s}.jobs AS j
-                     USING unnest($1::uuid[], $2::timestamptz[], $3::text[])
-                           AS l(id, claimed_until, reason)
-                     WHERE {held}
-                     RETURNING j.*, l.reason, l.claimed_until AS old_until
+                "WITH l AS (
+                     SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::bool[])
+                                   AS l(id, claimed_until, reason, hold)
+                 ), gone AS (
+                     DELETE FROM {s}.jobs AS j USING l
+                     WHERE {held} AND NOT (l.hold AND j.order_key IS NOT NULL)
+                     RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                               j.last_attempt_time, j.order_key, j.next_due_at, l.reason,
+                               l.claimed_until AS old_until, false AS holds_key
+                 ), parked AS (
+                     UPDATE {s}.jobs AS j SET next_due_at = 'infinity', claimed_until = NULL
+                     FROM l, {s}.jobs AS old
+                     WHERE {held} AND l.hold AND j.order_key IS NOT NULL AND old.id = j.id
+                     RETURNING j.id, j.tenant_id, j.event_id, j.destination_id, j.attempt_number,
+                               j.last_attempt_time, j.order_key, old.next_due_at, l.reason,
+                               l.claimed_until AS old_until, true AS holds_key
+                 ), given_up AS (
+                     SELECT * FROM gone UNION ALL SELECT * FROM parked
                  ), kept AS (
-                     INSERT INTO {s}.dead_letters ({JOB_COLUMNS}, due_at, reason, dead_lettered_at)
-                     SELECT {JOB_COLUMNS}, next_due_at, reason, now() FROM gone
+                     INSERT INTO {s}.dead_letters
+                         ({JOB_COLUMNS}, due_at, reason, dead_lettered_at, holds_key)
+                     SELECT {JOB_COLUMNS}, next_due_at, reason, now(), holds_key FROM given_up
                      ON CONFLICT (id) DO NOTHING
                  )
-                 SELECT id, old_until FROM gone"
+                 SELECT id, old_until FROM given_up"
             ),
             release: format!(
                 "UPDATE {s}.jobs AS j SET claimed_until = NULL FROM {leases} WHERE {held}
@@ -267,7 +284,8 @@ impl Statements {
                         count(*) FILTER (WHERE (claimed_until IS NULL OR claimed_until < now())
                                            AND next_due_at <= now() AND NOT behind) AS due,
                         count(*) FILTER (WHERE (claimed_until IS NULL OR claimed_until < now())
-                                           AND (next_due_at > now() OR behind)) AS scheduled,
+                                           AND (next_due_at > now() OR behind)
+                                           AND next_due_at <> 'infinity') AS scheduled,
                         (SELECT count(*) FROM {s}.dead_letters) AS dead_lettered
                  FROM (SELECT j.claimed_until, j.next_due_at,
                               j.order_key IS NOT NULL AND EXISTS (
@@ -277,13 +295,33 @@ impl Statements {
                                     AND e.order_seq < j.order_seq) AS behind
                        FROM {s}.jobs AS j) AS q"
             ),
+            // The parked row of a dead letter that held its key goes with it.
             remove_dead_letters: format!(
-                "DELETE FROM {s}.dead_letters WHERE tenant_id = $1 AND id = ANY($2::uuid[])"
+                "WITH gone AS (
+                     DELETE FROM {s}.dead_letters WHERE tenant_id = $1 AND id = ANY($2::uuid[])
+                     RETURNING id, holds_key
+                 ), unparked AS (
+                     DELETE FROM {s}.jobs AS j USING gone
+                     WHERE j.id = gone.id AND gone.holds_key AND j.next_due_at = 'infinity'
+                 )
+                 SELECT count(*) AS removed FROM gone"
             ),
+            take_dead_letters: format!(
+                "DELETE FROM {s}.dead_letters WHERE tenant_id = $1 AND id = ANY($2::uuid[])
+                 RETURNING {JOB_COLUMNS}, due_at, holds_key"
+            ),
+            unpark: format!(
+                "UPDATE {s}.jobs SET next_due_at = now(), attempt_number = 1,
+                                     last_attempt_time = NULL, claimed_until = NULL
+                 WHERE id = ANY($1::uuid[]) AND next_due_at = 'infinity'"
+            ),
+            // A parked row is its dead letter's, so it is counted once: as the dead letter.
             purge: format!(
-                "WITH jobs_gone AS (DELETE FROM {s}.jobs WHERE tenant_id = $1 RETURNING 1),
+                "WITH jobs_gone AS (DELETE FROM {s}.jobs WHERE tenant_id = $1
+                                    RETURNING next_due_at = 'infinity' AS parked),
                       dead_gone AS (DELETE FROM {s}.dead_letters WHERE tenant_id = $1 RETURNING 1)
-                 SELECT (SELECT count(*) FROM jobs_gone) + (SELECT count(*) FROM dead_gone)
+                 SELECT (SELECT count(*) FROM jobs_gone WHERE NOT parked)
+                        + (SELECT count(*) FROM dead_gone)
                         AS removed"
             ),
             // `JobQueue::heartbeat` in one round trip: stamp this process ($1) with the server's
@@ -575,13 +613,13 @@ impl PostgresJobQueue {
             return Ok(0);
         }
         let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
-        let done = sqlx::query(&self.sql.remove_dead_letters)
+        let row = sqlx::query(&self.sql.remove_dead_letters)
             .bind(tenant.as_str())
             .bind(&ids)
-            .execute(exec)
+            .fetch_one(exec)
             .await
             .map_err(|e| from_sqlx("removing dead letters", e))?;
-        Ok(done.rows_affected())
+        count(&row, "removed")
     }
 
     /// [`JobQueue::complete`] on `exec` (the pool, or a transaction that commits more).
@@ -656,6 +694,7 @@ impl PostgresJobQueue {
                         .map(|r| pg_text(&r.reason))
                         .collect::<Vec<_>>(),
                 )
+                .bind(records.iter().map(|r| r.hold_key).collect::<Vec<_>>())
             },
         )
         .await
@@ -795,8 +834,8 @@ impl JobQueue for PostgresJobQueue {
         let cursor = page.cursor_position(JobId::from_str)?;
         let s = self.db.schema();
         let select = format!(
-            "SELECT {JOB_COLUMNS}, due_at, reason, dead_lettered_at FROM {s}.dead_letters
-             WHERE tenant_id = $1"
+            "SELECT {JOB_COLUMNS}, due_at, reason, dead_lettered_at, holds_key
+             FROM {s}.dead_letters WHERE tenant_id = $1"
         );
         let order = "ORDER BY dead_lettered_at DESC, id DESC LIMIT";
         let limit = i64::from(page.limit) + 1;
@@ -819,6 +858,7 @@ impl JobQueue for PostgresJobQueue {
                     job: job_from_row(row, "due_at")?,
                     reason: get(row, "reason")?,
                     dead_lettered_at: get_time(row, "dead_lettered_at")?,
+                    holds_key: get(row, "holds_key")?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -831,6 +871,47 @@ impl JobQueue for PostgresJobQueue {
     async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
         self.remove_dead_letters_with(&self.db.pool, tenant, ids)
             .await
+    }
+
+    async fn requeue_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let fail = |e| from_sqlx("requeueing dead letters", e);
+        let ids: Vec<uuid::Uuid> = ids.iter().map(JobId::as_uuid).collect();
+        let mut tx = self.db.pool.begin().await.map_err(fail)?;
+        let rows = sqlx::query(&self.sql.take_dead_letters)
+            .bind(tenant.as_str())
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(fail)?;
+        let now = Timestamp::now();
+        let (mut parked, mut anew) = (Vec::new(), Vec::new());
+        for row in &rows {
+            let job = job_from_row(row, "due_at")?;
+            if get::<bool>(row, "holds_key")? {
+                parked.push(job.id.as_uuid());
+            } else {
+                anew.push(Job {
+                    attempt_number: 1,
+                    last_attempt_time: None,
+                    due_at: now,
+                    ..job
+                });
+            }
+        }
+        if !parked.is_empty() {
+            sqlx::query(&self.sql.unpark)
+                .bind(&parked)
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+        }
+        // Its dead letter is gone in this transaction, so the enqueue takes the id again.
+        self.enqueue_with(&mut tx, &anew).await?;
+        tx.commit().await.map_err(fail)?;
+        Ok(rows.len() as u64)
     }
 
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {

@@ -20,7 +20,8 @@ use crate::error::{Doing, decode, from_sqlx};
 const DESTINATION_COLUMNS: &str = "id, tenant_id, kind, config, topics, filter, \
      rate_limit_per_second, headers, enabled, disabled_reason, disabled_since, \
      disabled_automatically, consecutive_failures, secret, previous_secret, \
-     previous_secret_expires_at, created_at, updated_at, transform, ordering_key";
+     previous_secret_expires_at, created_at, updated_at, transform, ordering_key, \
+     dead_letter_blocks_key";
 
 /// The entity store on SQLite. Cheap to clone; every clone shares the connections.
 #[derive(Clone)]
@@ -115,6 +116,7 @@ fn destination_from_row(row: &impl Columns) -> Result<Destination> {
         headers: parse_json(&get::<String>(row, "headers")?, "a destination's headers")?,
         transform: get(row, "transform")?,
         ordering_key: get(row, "ordering_key")?,
+        dead_letter_blocks_key: get(row, "dead_letter_blocks_key")?,
         enabled: get(row, "enabled")?,
         disabled_reason,
         consecutive_failures: u32::try_from(failures).unwrap_or(u32::MAX),
@@ -153,7 +155,7 @@ fn save(connection: &Connection, d: &Destination, insert: bool) -> Result<()> {
         format!(
             "INSERT INTO destinations ({DESTINATION_COLUMNS})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                     ?18, ?19, ?20)"
+                     ?18, ?19, ?20, ?21)"
         )
     } else {
         "UPDATE destinations
@@ -161,7 +163,8 @@ fn save(connection: &Connection, d: &Destination, insert: bool) -> Result<()> {
              rate_limit_per_second = ?7, headers = ?8, enabled = ?9, disabled_reason = ?10,
              disabled_since = ?11, disabled_automatically = ?12, consecutive_failures = ?13,
              secret = ?14, previous_secret = ?15, previous_secret_expires_at = ?16,
-             created_at = ?17, updated_at = ?18, transform = ?19, ordering_key = ?20
+             created_at = ?17, updated_at = ?18, transform = ?19, ordering_key = ?20,
+             dead_letter_blocks_key = ?21
          WHERE id = ?1"
             .to_owned()
     };
@@ -197,6 +200,7 @@ fn save(connection: &Connection, d: &Destination, insert: bool) -> Result<()> {
             d.updated_at.as_micros(),
             d.transform.as_deref(),
             d.ordering_key.as_deref(),
+            d.dead_letter_blocks_key,
         ])
         .doing(doing)?;
     Ok(())

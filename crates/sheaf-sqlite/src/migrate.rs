@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0007_destination_transform.sql"),
     include_str!("../migrations/0008_job_order.sql"),
     include_str!("../migrations/0009_destination_ordering.sql"),
+    include_str!("../migrations/0010_dead_letters_holding_keys.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -31,6 +31,10 @@ use crate::error::{Doing, decode, from_sqlx};
 const JOB_COLUMNS: &str =
     "id, tenant_id, event_id, destination_id, attempt_number, last_attempt_time, order_key";
 
+/// The `next_due_at` of the row of a dead letter that holds its order key: past every claim's
+/// bound, so it is never due, and still in `jobs_by_order`, so the key's later jobs wait.
+const PARKED: i64 = i64::MAX;
+
 /// The claim: due, unheld jobs in (next_due_at, id) order from the front of `jobs_due`, stamped
 /// with the lease, skipping a job of an order key while an earlier one of its key is queued
 /// (one probe of `jobs_by_order`, for ordered rows only). `?1` is now, `?2` the new
@@ -219,6 +223,7 @@ pub(crate) fn reschedule_on(connection: &Connection, jobs: &[Reschedule]) -> Res
 }
 
 /// Moves held jobs to the dead letters on the writer connection; returns the lost leases' ids.
+/// A job that holds its key stays in `jobs`, parked (see [`PARKED`]).
 pub(crate) fn dead_letter_on(
     connection: &Connection,
     jobs: &[DeadLetterRequest],
@@ -227,11 +232,17 @@ pub(crate) fn dead_letter_on(
     let now = Timestamp::now().as_micros();
     let mut copy = connection
         .prepare_cached(&format!(
-            "INSERT INTO dead_letters ({JOB_COLUMNS}, due_at, reason, dead_lettered_at)
-             SELECT {JOB_COLUMNS}, next_due_at, ?3, ?4 FROM jobs
+            "INSERT INTO dead_letters ({JOB_COLUMNS}, due_at, reason, dead_lettered_at, holds_key)
+             SELECT {JOB_COLUMNS}, next_due_at, ?3, ?4, ?5 AND order_key IS NOT NULL FROM jobs
              WHERE id = ?1 AND claimed_until = ?2
              ON CONFLICT (id) DO NOTHING"
         ))
+        .doing(doing)?;
+    let mut park = connection
+        .prepare_cached(
+            "UPDATE jobs SET next_due_at = ?3, claimed_until = NULL
+             WHERE id = ?1 AND claimed_until = ?2 AND order_key IS NOT NULL",
+        )
         .doing(doing)?;
     let mut delete = connection
         .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND claimed_until = ?2")
@@ -243,33 +254,117 @@ pub(crate) fn dead_letter_on(
             uuid_text(lease.job_id.as_uuid()),
             lease.claimed_until.as_micros(),
         );
-        // Moved, not copied: the delete and the insert commit together.
-        copy.execute(params![id, until, request.reason.as_str(), now])
-            .doing(doing)?;
-        if delete.execute(params![id, until]).doing(doing)? == 0 {
+        // Moved, not copied: the delete (or the parking) and the insert commit together.
+        copy.execute(params![
+            id,
+            until,
+            request.reason.as_str(),
+            now,
+            request.hold_key
+        ])
+        .doing(doing)?;
+        let parked = request.hold_key && park.execute(params![id, until, PARKED]).doing(doing)? > 0;
+        if !parked && delete.execute(params![id, until]).doing(doing)? == 0 {
             lost.push(lease.job_id);
         }
     }
     Ok(lost)
 }
 
-/// Removes these dead letters of `tenant` on the writer connection; returns how many.
+/// Takes these dead letters of `tenant` out of `dead_letters` on the writer connection, with
+/// the parked rows of those that held their keys; returns the removed ones' jobs and whether
+/// each held its key.
+fn take_dead_letters(
+    connection: &Connection,
+    tenant: &TenantId,
+    ids: &[JobId],
+    doing: &str,
+) -> Result<Vec<(Job, bool)>> {
+    use rusqlite::OptionalExtension as _;
+    let mut take = connection
+        .prepare_cached(&format!(
+            "DELETE FROM dead_letters WHERE tenant_id = ?1 AND id = ?2
+             RETURNING {JOB_COLUMNS}, due_at, holds_key"
+        ))
+        .doing(doing)?;
+    let mut taken = Vec::new();
+    for id in ids.iter().collect::<HashSet<_>>() {
+        let row = take
+            .query_row(params![tenant.as_str(), uuid_text(id.as_uuid())], |row| {
+                Ok((
+                    job_from_row(row, "due_at"),
+                    row.get::<_, bool>("holds_key")?,
+                ))
+            })
+            .optional()
+            .doing(doing)?;
+        if let Some((job, holds_key)) = row {
+            taken.push((job?, holds_key));
+        }
+    }
+    Ok(taken)
+}
+
+/// Removes these dead letters of `tenant` on the writer connection; returns how many. The
+/// parked row of one that held its key goes too, which lets the key's next job go.
 pub(crate) fn remove_dead_letters_on(
     connection: &Connection,
     tenant: &TenantId,
     ids: &[JobId],
 ) -> Result<u64> {
     let doing = "removing dead letters";
-    let mut statement = connection
-        .prepare_cached("DELETE FROM dead_letters WHERE tenant_id = ?1 AND id = ?2")
+    let taken = take_dead_letters(connection, tenant, ids, doing)?;
+    let mut unpark = connection
+        .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND next_due_at = ?2")
         .doing(doing)?;
-    let mut removed = 0;
-    for id in ids.iter().collect::<HashSet<_>>() {
-        removed += statement
-            .execute(params![tenant.as_str(), uuid_text(id.as_uuid())])
-            .doing(doing)?;
+    for (job, holds_key) in &taken {
+        if *holds_key {
+            unpark
+                .execute(params![uuid_text(job.id.as_uuid()), PARKED])
+                .doing(doing)?;
+        }
     }
-    Ok(removed as u64)
+    Ok(taken.len() as u64)
+}
+
+/// Puts these dead letters of `tenant` back in the queue on the writer connection, due `now`
+/// as attempt 1; returns how many. One that held its key has its parked row moved back to
+/// now, in its place; another is enqueued anew.
+pub(crate) fn requeue_dead_letters_on(
+    connection: &Connection,
+    tenant: &TenantId,
+    ids: &[JobId],
+) -> Result<u64> {
+    let doing = "requeueing dead letters";
+    let now = Timestamp::now();
+    let taken = take_dead_letters(connection, tenant, ids, doing)?;
+    let mut unpark = connection
+        .prepare_cached(
+            "UPDATE jobs SET next_due_at = ?3, attempt_number = 1, last_attempt_time = NULL,
+                             claimed_until = NULL
+             WHERE id = ?1 AND next_due_at = ?2",
+        )
+        .doing(doing)?;
+    for (job, holds_key) in taken.iter().cloned() {
+        if holds_key {
+            unpark
+                .execute(params![
+                    uuid_text(job.id.as_uuid()),
+                    PARKED,
+                    now.as_micros()
+                ])
+                .doing(doing)?;
+        } else {
+            let job = Job {
+                attempt_number: 1,
+                last_attempt_time: None,
+                due_at: now,
+                ..job
+            };
+            insert_job(connection, &job, None, doing)?;
+        }
+    }
+    Ok(taken.len() as u64)
 }
 
 impl SqliteJobQueue {
@@ -425,7 +520,8 @@ impl JobQueue for SqliteJobQueue {
                     coalesce(sum((claimed_until IS NULL OR claimed_until < ?1)
                                  AND next_due_at <= ?1 AND NOT behind), 0) AS due,
                     coalesce(sum((claimed_until IS NULL OR claimed_until < ?1)
-                                 AND (next_due_at > ?1 OR behind)), 0) AS scheduled,
+                                 AND (next_due_at > ?1 OR behind)
+                                 AND next_due_at < ?2), 0) AS scheduled,
                     (SELECT count(*) FROM dead_letters) AS dead_lettered
              FROM (SELECT claimed_until, next_due_at,
                           order_key IS NOT NULL AND EXISTS (
@@ -436,6 +532,7 @@ impl JobQueue for SqliteJobQueue {
                    FROM jobs AS j)",
         )
         .bind(Timestamp::now().as_micros())
+        .bind(PARKED)
         .fetch_one(&self.db.readers)
         .await
         .map_err(|e| from_sqlx("reading the queue's depth", e))?;
@@ -460,7 +557,7 @@ impl JobQueue for SqliteJobQueue {
             None => (None, None),
         };
         let rows = sqlx::query(&format!(
-            "SELECT {JOB_COLUMNS}, due_at, reason, dead_lettered_at FROM dead_letters
+            "SELECT {JOB_COLUMNS}, due_at, reason, dead_lettered_at, holds_key FROM dead_letters
              WHERE tenant_id = ?1 AND (?2 IS NULL OR (dead_lettered_at, id) < (?2, ?3))
              ORDER BY dead_lettered_at DESC, id DESC
              LIMIT ?4"
@@ -479,6 +576,7 @@ impl JobQueue for SqliteJobQueue {
                     job: job_from_row(row, "due_at")?,
                     reason: get(row, "reason")?,
                     dead_lettered_at: get_time(row, "dead_lettered_at")?,
+                    holds_key: get(row, "holds_key")?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -502,11 +600,31 @@ impl JobQueue for SqliteJobQueue {
             .await
     }
 
+    async fn requeue_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let (tenant, ids) = (tenant.clone(), ids.to_vec());
+        self.db
+            .writer
+            .run("requeueing dead letters", 160 * ids.len(), move |c| {
+                requeue_dead_letters_on(c, &tenant, &ids)
+            })
+            .await
+    }
+
     async fn purge_tenant(&self, tenant: &TenantId) -> Result<u64> {
         let tenant = tenant.clone();
         self.db
             .writer
             .run("purging a tenant's jobs", 64, move |c| {
+                // A parked row is its dead letter's, so it is counted once: as the dead letter.
+                let doing = "purging a tenant's jobs";
+                c.execute(
+                    "DELETE FROM jobs WHERE tenant_id = ?1 AND next_due_at = ?2",
+                    params![tenant.as_str(), PARKED],
+                )
+                .doing(doing)?;
                 let mut removed = 0;
                 for table in ["jobs", "dead_letters"] {
                     removed += c
@@ -514,7 +632,7 @@ impl JobQueue for SqliteJobQueue {
                             &format!("DELETE FROM {table} WHERE tenant_id = ?1"),
                             [tenant.as_str()],
                         )
-                        .doing("purging a tenant's jobs")?;
+                        .doing(doing)?;
                 }
                 Ok(removed as u64)
             })

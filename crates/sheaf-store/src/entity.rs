@@ -225,6 +225,10 @@ pub struct Destination {
     /// each event's order key (`/data/order_id`); a key's events go one at a time, in the order
     /// they were accepted. `None`: in parallel, in no promised order.
     pub ordering_key: Option<String>,
+    /// With an ordering key: whether a dead letter blocks its key, so that the key's later
+    /// events wait until it is retried or discarded (`true`), or lets them go on without it
+    /// (`false`). Meaningless without an ordering key.
+    pub dead_letter_blocks_key: bool,
     /// Disabled destinations keep their configuration but receive nothing.
     pub enabled: bool,
     /// Why it is disabled and since when; `None` while it is enabled.
@@ -383,6 +387,8 @@ pub struct DestinationPatch {
     pub transform: Option<Option<String>>,
     /// A new ordering key pointer (`Some(Some(_))`), or no ordering any more (`Some(None)`).
     pub ordering_key: Option<Option<String>>,
+    /// Whether a dead letter blocks its key from now on.
+    pub dead_letter_blocks_key: Option<bool>,
     /// Enable (which clears `disabled_reason`) or disable (which sets it to the patch's
     /// `disabled_reason`).
     pub enabled: Option<bool>,
@@ -424,6 +430,9 @@ impl DestinationPatch {
         }
         if let Some(ordering_key) = &self.ordering_key {
             destination.ordering_key = ordering_key.clone();
+        }
+        if let Some(blocks) = self.dead_letter_blocks_key {
+            destination.dead_letter_blocks_key = blocks;
         }
         if let Some(enabled) = self.enabled {
             destination.enabled = enabled;

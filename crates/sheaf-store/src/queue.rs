@@ -104,6 +104,12 @@ pub struct DeadLetterRequest {
     pub lease: Lease,
     /// Why, for operators (e.g. "gave up after 6 attempts").
     pub reason: String,
+    /// For a job with an [`Job::order_key`]: whether the dead letter keeps its key, so that
+    /// the key's later jobs wait until it is requeued ([`JobQueue::requeue_dead_letters`], back
+    /// in its place) or removed ([`JobQueue::remove_dead_letters`]). `false`: the key's next
+    /// job goes at once. Ignored for a job without an order key.
+    #[serde(default)]
+    pub hold_key: bool,
 }
 
 /// A job that was given up on, kept for the dead-letter listing.
@@ -115,6 +121,10 @@ pub struct DeadLetter {
     pub reason: String,
     /// When it was dead-lettered, on the queue's clock.
     pub dead_lettered_at: Timestamp,
+    /// Whether it holds its order key: the key's later jobs wait for it (see
+    /// [`DeadLetterRequest::hold_key`]). Always `false` for a job without an order key.
+    #[serde(default)]
+    pub holds_key: bool,
 }
 
 /// Renewal results: new leases for the jobs still held, and the ids whose lease was lost.
@@ -197,8 +207,9 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
     /// A job is due when `due_at <= now`, it is not held (`claimed_until` unset or `< now`), and,
     /// if it has an [`Job::order_key`], it is the first of its `(destination_id, order_key)`
     /// still in the queue: a job of a key waits while an earlier one of that key waits for its
-    /// time, is held, or is held by a lease that ran out (it is claimed again first). Completing
-    /// or dead-lettering the earlier job lets the next go. "Earlier" is the order of enqueueing:
+    /// time, is held, is held by a lease that ran out (it is claimed again first), or is a dead
+    /// letter that holds its key. Completing the earlier job, or dead-lettering it without
+    /// holding the key, lets the next go. "Earlier" is the order of enqueueing:
     /// of the calls, and within a call, of the slice; calls that run at once on a queue shared by
     /// processes are ordered as they commit.
     /// Jobs are claimed, and returned, in `(due_at, id)` order (Postgres: `UPDATE … RETURNING`
@@ -221,9 +232,11 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
     /// them. Returns the ids whose lease was lost.
     async fn reschedule(&self, jobs: &[Reschedule]) -> Result<Vec<JobId>>;
 
-    /// Takes held jobs out of the queue for good and keeps them, with the reason and the time,
-    /// for [`JobQueue::list_dead_letters`]. A dead-lettered job is never claimed again and its id
-    /// stays taken. Returns the ids whose lease was lost.
+    /// Takes held jobs out of the queue and keeps them, with the reason and the time, for
+    /// [`JobQueue::list_dead_letters`]. A dead-lettered job is never claimed again unless it is
+    /// requeued, and its id stays taken. A dead letter that holds its key
+    /// ([`DeadLetterRequest::hold_key`]) still counts as the earliest job of its key for the
+    /// claim, so the key's later jobs stay where they are. Returns the ids whose lease was lost.
     async fn dead_letter(&self, jobs: &[DeadLetterRequest]) -> Result<Vec<JobId>>;
 
     /// Unclaims held jobs without an attempt (graceful shutdown): they keep their `due_at`, which
@@ -241,9 +254,18 @@ pub trait JobQueue: fmt::Debug + Send + Sync + 'static {
         page: &PageRequest,
     ) -> Result<Page<DeadLetter>>;
 
-    /// Removes these dead letters of `tenant` (a replay delivered them anew), in one round trip;
-    /// ids that are not the tenant's dead letters are skipped. Returns how many were removed.
+    /// Removes these dead letters of `tenant` (a replay delivered them anew, or a user skipped
+    /// them), in one round trip; ids that are not the tenant's dead letters are skipped. A
+    /// removed dead letter that held its key lets the key's next job go. Returns how many were
+    /// removed.
     async fn remove_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64>;
+
+    /// Puts these dead letters of `tenant` back in the queue (a user retries them): due now, as
+    /// attempt 1 with no carried attempt time, under their own ids. One that held its key goes
+    /// back in its place, ahead of the key's later jobs; one that did not is enqueued anew,
+    /// after the jobs of its key already queued. Ids that are not the tenant's dead letters
+    /// are skipped. Returns how many went back.
+    async fn requeue_dead_letters(&self, tenant: &TenantId, ids: &[JobId]) -> Result<u64>;
 
     /// Removes every job and dead letter of a tenant (it was deleted). Leases on its jobs are lost.
     /// Returns how many jobs and dead letters were removed.

@@ -138,9 +138,11 @@ async fn destination_of(core: &Core, claimed: &ClaimedJob) -> Result<Destination
 /// its replay find it once the destination is enabled again.
 fn dead_letter_disabled(core: &Core, claimed: &ClaimedJob) -> Turn {
     core.metrics.delivery(DeliveryOutcome::DeadLettered);
+    // It never holds its key: a disabled destination's every job comes here.
     let outcome = Outcome::DeadLetter(DeadLetterRequest {
         lease: claimed.lease,
         reason: DESTINATION_DISABLED.to_owned(),
+        hold_key: false,
     });
     let report = report(core, claimed, None, &outcome);
     Turn {
@@ -272,12 +274,25 @@ async fn deliver(
         AttemptStatus::Failed
     };
     let carried = (topic, data, event_trace);
+    let mut error = delivered.error.clone();
+    if let Some(key) = job
+        .order_key
+        .as_ref()
+        .filter(|_| gives_up(core, &job, &delivered))
+    {
+        let note = key_note(key, destination.dead_letter_blocks_key);
+        error = Some(match error {
+            Some(error) => format!("{error}; {note}"),
+            None => note,
+        });
+    }
     let attempt = Attempt {
         response_code: delivered.code,
         response_body: delivered.response.clone(),
-        error: delivered.error.clone(),
+        error,
         ..attempt_of(&job, now, manual, status, delivered.elapsed, carried)
     };
+    let hold_key = destination.dead_letter_blocks_key;
     let result = if delivered.succeeded() {
         Ok(())
     } else {
@@ -285,7 +300,7 @@ async fn deliver(
     };
     if core.stores.outbox.is_some() {
         // Committed together with the outcome, by the completer: never dropped.
-        let outcome = outcome_of(core, &claimed, &delivered, now, true);
+        let outcome = outcome_of(core, &claimed, &delivered, now, true, hold_key);
         let report = report(core, &claimed, Some(result), &outcome);
         return Some(Turn {
             outcome,
@@ -294,7 +309,7 @@ async fn deliver(
         });
     }
     let logged = write_attempt(core, attempt).await;
-    let outcome = outcome_of(core, &claimed, &delivered, now, logged);
+    let outcome = outcome_of(core, &claimed, &delivered, now, logged, hold_key);
     let report = report(core, &claimed, Some(result), &outcome);
     Some(Turn {
         outcome,
@@ -480,12 +495,35 @@ async fn write_attempt(core: &Core, attempt: Attempt) -> bool {
     false
 }
 
+/// Whether this failed attempt is the job's last: the destination cannot take it, or it was
+/// the last allowed. [`outcome_of`] then dead-letters the job.
+fn gives_up(core: &Core, job: &Job, delivered: &Delivered) -> bool {
+    !delivered.succeeded()
+        && (delivered.verdict == Verdict::Permanent
+            || job.attempt_number >= core.config.retry.max_attempts)
+}
+
+/// What the last attempt of an ordered job says about its key (in the attempt's `error`, so
+/// that whoever reads the log sees why a later event of the key arrived without this one).
+fn key_note(key: &str, blocks: bool) -> String {
+    if blocks {
+        format!(
+            "dead-lettered: the later events of ordering key {key:?} wait until this dead \
+             letter is retried or discarded"
+        )
+    } else {
+        format!("dead-lettered: the later events of ordering key {key:?} go on without it")
+    }
+}
+
+/// The job's outcome after its attempt; `hold_key`: a dead letter holds the job's order key.
 fn outcome_of(
     core: &Core,
     claimed: &ClaimedJob,
     delivered: &Delivered,
     now: Timestamp,
     logged: bool,
+    hold_key: bool,
 ) -> Outcome {
     let job = &claimed.job;
     if delivered.succeeded() {
@@ -502,6 +540,7 @@ fn outcome_of(
                 job.attempt_number,
                 what_it_got(delivered)
             ),
+            hold_key,
         });
     }
     if job.attempt_number >= retry.max_attempts {
@@ -513,6 +552,7 @@ fn outcome_of(
                 "gave up after {} attempts; last: {last}",
                 job.attempt_number
             ),
+            hold_key,
         });
     }
     core.metrics.delivery(DeliveryOutcome::Failed);

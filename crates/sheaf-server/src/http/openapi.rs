@@ -191,6 +191,11 @@ fn ordering_schema(description: &str) -> Value {
                 "maxLength": sheaf_store::MAX_ORDER_KEY_LEN,
                 "pattern": "^(/id|/topic|/data(/([^~]|~[01])*)*)$",
                 "description": "A JSON pointer into the event {id, topic, data}, like /data/order_id: its value is the event's order key (a string as it is, another value as its JSON text; missing or null: the event goes unordered)"
+            }, "on_dead_letter": {
+                "type": "string",
+                "enum": ["skip", "block"],
+                "default": "skip",
+                "description": "What a dead letter does to the later events of its key: skip (they go on without it, and its last attempt says so) or block (they wait until it is retried or discarded)"
             } }
         }, { "type": "null" }],
         "description": description
@@ -384,7 +389,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "config": { "type": "object", "description": "As its type defines it (see DestinationInput), with the password of a `url`, if any, shown as `***`" },
                 "headers": { "type": "object", "additionalProperties": { "type": "string" } },
                 "transform": { "type": ["string", "null"], "description": "The jq program that shapes each delivery, or null" },
-                "ordering": { "anyOf": [{ "type": "object", "required": ["key"], "properties": { "key": { "type": "string" } } }, { "type": "null" }], "description": "The per-key ordering, or null" },
+                "ordering": { "anyOf": [{ "type": "object", "required": ["key", "on_dead_letter"], "properties": { "key": { "type": "string" }, "on_dead_letter": { "type": "string", "enum": ["skip", "block"] } } }, { "type": "null" }], "description": "The per-key ordering, or null" },
                 "enabled": { "type": "boolean" },
                 "disabled_reason": {
                     "type": ["object", "null"],
@@ -476,7 +481,7 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
         "AttemptPage": page("Attempt"),
         "DeadLetter": {
             "type": "object",
-            "required": ["job_id", "event_id", "destination_id", "attempts", "reason", "dead_lettered_at"],
+            "required": ["job_id", "event_id", "destination_id", "attempts", "reason", "dead_lettered_at", "blocks_key"],
             "properties": {
                 "job_id": { "type": "string" },
                 "event_id": { "type": "string" },
@@ -484,10 +489,16 @@ fn schemas(config: &Config, destinations: &Registry) -> Value {
                 "attempts": { "type": "integer" },
                 "last_attempt_time": nullable_timestamp,
                 "reason": { "type": "string" },
-                "dead_lettered_at": timestamp
+                "dead_lettered_at": timestamp,
+                "blocks_key": { "type": "boolean", "description": "Whether it holds back the later events of its ordering key until it is retried or discarded" }
             }
         },
         "DeadLetterPage": page("DeadLetter"),
+        "DeadLetterRequeued": {
+            "type": "object",
+            "required": ["job_id"],
+            "properties": { "job_id": { "type": "string" } }
+        },
         "RetryInput": {
             "type": "object",
             "required": ["event_id", "destination_id"],

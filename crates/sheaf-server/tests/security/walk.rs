@@ -171,6 +171,7 @@ pub(super) fn stored_destination(
         headers: Default::default(),
         transform: None,
         ordering_key: None,
+        dead_letter_blocks_key: false,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

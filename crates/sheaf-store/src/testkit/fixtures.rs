@@ -128,6 +128,7 @@ pub fn destination(tenant: &TenantId) -> Destination {
         headers: BTreeMap::from([("x-team".to_owned(), "payments".to_owned())]),
         transform: None,
         ordering_key: None,
+        dead_letter_blocks_key: false,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

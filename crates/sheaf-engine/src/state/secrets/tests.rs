@@ -156,6 +156,7 @@ fn broker_destination(tenant: &TenantId, url: &str) -> Destination {
         headers: Default::default(),
         transform: None,
         ordering_key: None,
+        dead_letter_blocks_key: false,
         enabled: true,
         disabled_reason: None,
         consecutive_failures: 0,

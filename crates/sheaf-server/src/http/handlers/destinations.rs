@@ -41,7 +41,10 @@ fn destination_json(d: &Destination) -> Value {
         "config": url_password::redacted(&d.config),
         "headers": d.headers,
         "transform": d.transform,
-        "ordering": d.ordering_key.as_ref().map(|key| json!({ "key": key })),
+        "ordering": d.ordering_key.as_ref().map(|key| json!({
+            "key": key,
+            "on_dead_letter": if d.dead_letter_blocks_key { "block" } else { "skip" },
+        })),
         "enabled": d.enabled,
         "disabled_reason": d.disabled_reason.as_ref().map(|r| json!({
             "reason": r.reason,
@@ -130,19 +133,35 @@ pub(crate) struct DestinationInput {
     ordering: Option<OrderingInput>,
 }
 
-/// `{"key": "/data/order_id"}`.
+/// `{"key": "/data/order_id", "on_dead_letter": "block"}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct OrderingInput {
     key: String,
+    /// What a dead letter does to its key; absent: `skip`.
+    #[serde(default)]
+    on_dead_letter: OnDeadLetter,
 }
 
-fn check_ordering(input: Option<OrderingInput>) -> Result<Option<String>, ApiError> {
+/// What a dead letter of an ordered destination does to the later events of its key.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OnDeadLetter {
+    /// They go on without it; its last attempt says so.
+    #[default]
+    Skip,
+    /// They wait until it is retried or discarded.
+    Block,
+}
+
+/// The checked ordering key, and whether a dead letter blocks it (`false` without ordering).
+fn check_ordering(input: Option<OrderingInput>) -> Result<(Option<String>, bool), ApiError> {
     let Some(input) = input else {
-        return Ok(None);
+        return Ok((None, false));
     };
     sheaf_engine::body::check_ordering_key(&input.key).map_err(ApiError::invalid)?;
-    Ok(Some(input.key))
+    let blocks = matches!(input.on_dead_letter, OnDeadLetter::Block);
+    Ok((Some(input.key), blocks))
 }
 
 #[derive(Debug, Deserialize)]
@@ -363,7 +382,7 @@ pub(crate) async fn create_destination(
         .unwrap_or(SigningAlgorithm::HmacSha256);
     let config = checked_config(kind_impl, &input.config, None).await?;
     let transform = check_transform(input.transform).await?;
-    let ordering_key = check_ordering(input.ordering)?;
+    let (ordering_key, dead_letter_blocks_key) = check_ordering(input.ordering)?;
     let now = Timestamp::now();
     let destination = Destination {
         id: DestinationId::generate(),
@@ -376,6 +395,7 @@ pub(crate) async fn create_destination(
         headers: input.headers,
         transform,
         ordering_key,
+        dead_letter_blocks_key,
         enabled: input.enabled.unwrap_or(true),
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
         consecutive_failures: 0,
@@ -460,7 +480,12 @@ pub(crate) async fn patch_destination(
         Some(source) => Some(check_transform(source).await?),
         None => None,
     };
-    let ordering_key = input.ordering.map(check_ordering).transpose()?;
+    // An ordering given (or null) replaces the key and what dead letters do, both at once.
+    let ordering = input.ordering.map(check_ordering).transpose()?;
+    let (ordering_key, dead_letter_blocks_key) = match ordering {
+        Some((key, blocks)) => (Some(key), Some(blocks)),
+        None => (None, None),
+    };
     let config = if let Some(config) = &input.config {
         // A config is its type's to check: read the destination's type first (a type never
         // changes, so nothing races this read).
@@ -484,6 +509,7 @@ pub(crate) async fn patch_destination(
         headers: input.headers,
         transform,
         ordering_key,
+        dead_letter_blocks_key,
         enabled: input.enabled,
         disabled_reason: (input.enabled == Some(false)).then(DisabledReason::by_request),
     };

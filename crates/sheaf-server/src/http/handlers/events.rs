@@ -1,5 +1,7 @@
 //! Publish, the event and attempt logs, dead letters and manual retries.
 
+use std::str::FromStr;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -8,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sheaf_store::{
     Attempt, AttemptFilter, AttemptId, AttemptStatus, Buckets, Cursor, DeadLetter, DestinationId,
-    EventFilter, EventId, Page, PageRequest, TimeRange, Timestamp,
+    EventFilter, EventId, JobId, Page, PageRequest, TenantId, TimeRange, Timestamp,
 };
 
 use crate::http::auth::Caller;
@@ -254,6 +256,7 @@ fn dead_letter_json(d: &DeadLetter) -> Value {
         "last_attempt_time": d.job.last_attempt_time,
         "reason": d.reason,
         "dead_lettered_at": d.dead_lettered_at,
+        "blocks_key": d.holds_key,
     })
 }
 
@@ -266,6 +269,48 @@ pub(crate) async fn list_dead_letters(
     let page = page_request(query.limit, query.next)?;
     let dead = app.engine.dead_letters(&tenant, &page).await?;
     Ok(Json(page_json(dead, dead_letter_json)).into_response())
+}
+
+/// The tenant and the dead letter a path names; an id that is not a job id names none.
+async fn dead_letter_path(
+    app: &AppState,
+    raw: String,
+    job: &str,
+) -> Result<(TenantId, JobId), ApiError> {
+    let tenant = existing_tenant(app, raw).await?;
+    not_operator_tenant(&tenant)?;
+    let id = JobId::from_str(job).map_err(|_| no_dead_letter(job))?;
+    Ok((tenant, id))
+}
+
+fn no_dead_letter(job: impl std::fmt::Display) -> ApiError {
+    ApiError::not_found(format!("dead letter {job} does not exist"))
+}
+
+/// Delivers a dead letter again: back in the queue, due now, as attempt 1. A dead letter that
+/// blocks its ordering key goes back in its place, so the key goes on in order.
+pub(crate) async fn retry_dead_letter(
+    State(app): State<AppState>,
+    ApiPath((raw, job)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let (tenant, id) = dead_letter_path(&app, raw, &job).await?;
+    if !app.engine.requeue_dead_letter(&tenant, id).await? {
+        return Err(no_dead_letter(id));
+    }
+    Ok((StatusCode::ACCEPTED, Json(json!({ "job_id": id }))).into_response())
+}
+
+/// Discards a dead letter without delivering it; one that blocked its ordering key lets the
+/// key's next event go.
+pub(crate) async fn discard_dead_letter(
+    State(app): State<AppState>,
+    ApiPath((raw, job)): ApiPath<(String, String)>,
+) -> ApiResult {
+    let (tenant, id) = dead_letter_path(&app, raw, &job).await?;
+    if !app.engine.discard_dead_letter(&tenant, id).await? {
+        return Err(no_dead_letter(id));
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 pub(crate) async fn retry(

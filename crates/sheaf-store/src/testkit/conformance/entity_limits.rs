@@ -161,6 +161,7 @@ pub async fn destination_transforms_are_kept_replaced_and_cleared(store: &dyn En
     let original = Destination {
         transform: Some(source.to_owned()),
         ordering_key: Some("/data/Bestellnummer ü".to_owned()),
+        dead_letter_blocks_key: true,
         ..destination(&tenant)
     };
     store
@@ -224,6 +225,7 @@ pub async fn destination_transforms_are_kept_replaced_and_cleared(store: &dyn En
 
     let reorder = DestinationPatch {
         ordering_key: Some(Some("/data/customer/id".to_owned())),
+        dead_letter_blocks_key: Some(false),
         ..Default::default()
     };
     let reordered = store
@@ -232,6 +234,7 @@ pub async fn destination_transforms_are_kept_replaced_and_cleared(store: &dyn En
         .expect("patch ordering");
     let expected = Destination {
         ordering_key: Some("/data/customer/id".to_owned()),
+        dead_letter_blocks_key: false,
         ..cleared.clone()
     };
     check_mutation(store, &reordered, &expected, "replacing the ordering key").await;

@@ -81,6 +81,7 @@ pub async fn run_job_queue(queue: &dyn JobQueue) {
             queue::purge_tenant_removes_its_jobs,
             queue::ordered_jobs_of_a_key_go_one_at_a_time_in_enqueue_order,
             queue::concurrent_claimers_keep_each_key_in_order,
+            queue::a_dead_letter_that_holds_its_key_keeps_it_until_requeued_or_removed,
             queue::heartbeats_count_the_processes_sharing_the_queue,
         ]
     );

@@ -305,6 +305,7 @@ pub async fn settle_records_attempts_with_outcomes(stores: Stores<'_>) {
         dead_letter: vec![DeadLetterRequest {
             lease: claimed[2].lease,
             reason: "gave up".to_owned(),
+            hold_key: false,
         }],
     };
     let lost = stores.outbox.settle(&settlement).await.expect("settle");

@@ -61,6 +61,7 @@ pub async fn page_work_commits_with_progress(stores: PageStores<'_>) {
     let request = DeadLetterRequest {
         lease: claimed[0].lease,
         reason: "gave up".to_owned(),
+        hold_key: false,
     };
     queue.dead_letter(&[request]).await.expect("dead_letter");
     let queued = job(&tenant, Timestamp::now());

@@ -80,6 +80,7 @@ pub async fn expired_lease_returns_the_job(queue: &dyn JobQueue) {
     let give_up = DeadLetterRequest {
         lease: old,
         reason: "stale".to_owned(),
+        hold_key: false,
     };
     assert_eq!(
         queue.dead_letter(&[give_up]).await.expect("dead_letter"),

@@ -20,6 +20,7 @@ pub use leases::{
     reschedule_moves_the_job,
 };
 pub use ordering::{
+    a_dead_letter_that_holds_its_key_keeps_it_until_requeued_or_removed,
     concurrent_claimers_keep_each_key_in_order,
     ordered_jobs_of_a_key_go_one_at_a_time_in_enqueue_order,
 };

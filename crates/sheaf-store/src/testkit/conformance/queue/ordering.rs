@@ -126,6 +126,7 @@ pub async fn ordered_jobs_of_a_key_go_one_at_a_time_in_enqueue_order(queue: &dyn
         .dead_letter(&[DeadLetterRequest {
             lease: second[0].lease,
             reason: "gave up".to_owned(),
+            hold_key: false,
         }])
         .await
         .expect("dead_letter failed");
@@ -226,5 +227,167 @@ pub async fn concurrent_claimers_keep_each_key_in_order(queue: &dyn JobQueue) {
         }
     }
     purge(queue, &[&tenant]).await;
+    assert_idle(queue, case).await;
+}
+
+/// Dead-lettered with `hold_key`, an ordered job keeps its key: the key's later jobs wait
+/// while other keys and unordered jobs go; requeued, it comes back first of its key as attempt
+/// 1; removed, it lets the next go. Without `hold_key`, a requeued job goes after its key's
+/// queued ones. A job without a key never holds anything.
+pub async fn a_dead_letter_that_holds_its_key_keeps_it_until_requeued_or_removed(
+    queue: &dyn JobQueue,
+) {
+    let case = "a_dead_letter_that_holds_its_key_keeps_it_until_requeued_or_removed";
+    assert_idle(queue, case).await;
+    let tenant = unique_tenant("queue-ordered-held");
+    let past = shift(Timestamp::now(), -SECOND);
+    let d = DestinationId::generate();
+    let [a1, a2, a3] = [0, 1, 2].map(|_| keyed(&tenant, d, "held", past));
+    let [b1, b2] = [0, 1].map(|_| keyed(&tenant, d, "let-go", past));
+    let free = Job {
+        destination_id: d,
+        ..job(&tenant, past)
+    };
+    let all = [&a1, &a2, &a3, &b1, &b2, &free].map(|j| (*j).clone());
+    queue.enqueue(&all).await.expect("enqueue failed");
+    let give_up = |claimed: &[ClaimedJob], job: &Job, hold_key: bool| DeadLetterRequest {
+        lease: claimed
+            .iter()
+            .find(|c| c.job.id == job.id)
+            .expect("claimed")
+            .lease,
+        reason: "gave up".to_owned(),
+        hold_key,
+    };
+
+    let first = claim(queue, 10, LONG).await;
+    assert_eq!(
+        ids(&first),
+        HashSet::from([a1.id, b1.id, free.id]),
+        "{case}"
+    );
+    let lost = queue
+        .dead_letter(&[
+            give_up(&first, &a1, true),
+            give_up(&first, &b1, false),
+            give_up(&first, &free, true),
+        ])
+        .await
+        .expect("dead_letter failed");
+    assert!(lost.is_empty(), "{case}: leases lost: {lost:?}");
+    let next = claim(queue, 10, LONG).await;
+    assert_eq!(
+        ids(&next),
+        HashSet::from([b2.id]),
+        "{case}: the key let go moves on; the held key's second job waits for its dead letter"
+    );
+    assert_eq!(
+        queue.depth().await.expect("depth failed"),
+        QueueDepth {
+            due: 0,
+            scheduled: 2,
+            claimed: 1,
+            dead_lettered: 3,
+        },
+        "{case}: the held key's two jobs wait; the dead letter that holds it counts once, as a \
+         dead letter"
+    );
+    let listed = queue
+        .list_dead_letters(&tenant, &PageRequest::first(10))
+        .await
+        .expect("list_dead_letters failed");
+    let holds: HashMap<JobId, bool> = listed
+        .items
+        .iter()
+        .map(|d| (d.job.id, d.holds_key))
+        .collect();
+    assert_eq!(
+        holds,
+        HashMap::from([(a1.id, true), (b1.id, false), (free.id, false)]),
+        "{case}: which dead letters hold their keys (one without a key holds nothing)"
+    );
+    queue
+        .enqueue(std::slice::from_ref(&a1))
+        .await
+        .expect("enqueue failed");
+    assert!(
+        claim(queue, 10, LONG).await.is_empty(),
+        "{case}: a held dead letter's id stays taken"
+    );
+
+    // Requeued: the held job comes back first of its key, as attempt 1; the one that let its
+    // key go comes back after its key's queued job (b2, still held).
+    let other = unique_tenant("queue-ordered-held-other");
+    assert_eq!(
+        queue
+            .requeue_dead_letters(&other, &[a1.id, b1.id])
+            .await
+            .expect("requeue_dead_letters failed"),
+        0,
+        "{case}: another tenant's dead letters are not requeued"
+    );
+    let requeued = queue
+        .requeue_dead_letters(&tenant, &[a1.id, b1.id, free.id, JobId::generate()])
+        .await
+        .expect("requeue_dead_letters failed");
+    assert_eq!(requeued, 3, "{case}: three dead letters went back");
+    let back = claim(queue, 10, LONG).await;
+    assert_eq!(
+        ids(&back),
+        HashSet::from([a1.id, free.id]),
+        "{case}: the held job before its key's later ones; b1 behind b2"
+    );
+    let a1_back = &back.iter().find(|c| c.job.id == a1.id).expect("a1").job;
+    assert_eq!(
+        (a1_back.attempt_number, a1_back.last_attempt_time),
+        (1, None),
+        "{case}: a requeued job starts again at attempt 1"
+    );
+    done(queue, &leases_of(&next)).await;
+    assert_eq!(
+        ids(&claim(queue, 10, LONG).await),
+        HashSet::from([b1.id]),
+        "{case}: the requeued job of the key let go comes after b2"
+    );
+
+    // Held again, then removed (skipped): the key's next job goes.
+    let free_lease = back.iter().find(|c| c.job.id == free.id).expect("free");
+    done(queue, &[free_lease.lease]).await;
+    queue
+        .dead_letter(&[give_up(&back, &a1, true)])
+        .await
+        .expect("dead_letter failed");
+    assert!(
+        claim(queue, 10, LONG).await.is_empty(),
+        "{case}: held again"
+    );
+    assert_eq!(
+        queue
+            .remove_dead_letters(&tenant, &[a1.id])
+            .await
+            .expect("remove_dead_letters failed"),
+        1,
+        "{case}"
+    );
+    let after = claim(queue, 10, LONG).await;
+    assert_eq!(
+        ids(&after),
+        HashSet::from([a2.id]),
+        "{case}: a removed dead letter lets its key's next job go"
+    );
+
+    // Purged while a dead letter holds the key: its job and dead letter count once.
+    queue
+        .dead_letter(&[give_up(&after, &a2, true)])
+        .await
+        .expect("dead_letter failed");
+    let removed = queue
+        .purge_tenant(&tenant)
+        .await
+        .expect("purge_tenant failed");
+    assert_eq!(
+        removed, 3,
+        "{case}: a3, b1 (still held) and a2's dead letter"
+    );
     assert_idle(queue, case).await;
 }

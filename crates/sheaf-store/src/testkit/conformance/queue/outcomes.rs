@@ -50,6 +50,7 @@ pub async fn lost_leases_change_nothing(queue: &dyn JobQueue) {
     let give_up = DeadLetterRequest {
         lease: stale,
         reason: "stale".to_owned(),
+        hold_key: false,
     };
     assert_eq!(
         queue.dead_letter(&[give_up]).await.expect("dead_letter"),
@@ -130,6 +131,7 @@ pub async fn dead_letters_are_kept_and_listed(queue: &dyn JobQueue) {
     let first = DeadLetterRequest {
         lease: claimed[0].lease,
         reason: "gave up after 6 attempts".to_owned(),
+        hold_key: false,
     };
     assert!(
         queue
@@ -141,6 +143,7 @@ pub async fn dead_letters_are_kept_and_listed(queue: &dyn JobQueue) {
     let second = DeadLetterRequest {
         lease: claimed[1].lease,
         reason: "destination deleted".to_owned(),
+        hold_key: false,
     };
     assert!(
         queue
@@ -309,6 +312,7 @@ pub async fn removed_dead_letters_leave_the_list(queue: &dyn JobQueue) {
         .map(|c| DeadLetterRequest {
             lease: c.lease,
             reason: "gave up".to_owned(),
+            hold_key: false,
         })
         .collect();
     assert!(
