@@ -134,6 +134,10 @@ export const listAttempts = (eventId, opts) =>
   call('GET', tenant('attempts'), { ...opts, query: { event_id: eventId, limit: 100 } });
 export const listDeadLetters = (next, opts) =>
   call('GET', tenant('dead-letters'), { ...opts, query: { limit: 50, next } });
+export const retryDeadLetter = (jobId, opts) =>
+  call('POST', tenant('dead-letters', jobId, 'retry'), opts);
+export const discardDeadLetter = (jobId, opts) =>
+  call('DELETE', tenant('dead-letters', jobId), opts);
 export const retry = (eventId, destinationId, opts) =>
   call('POST', tenant('retry'), {
     ...opts, body: { event_id: eventId, destination_id: destinationId },

@@ -39,9 +39,10 @@ const watchdog = setTimeout(() => {
 }, RUN_TIMEOUT_MS);
 
 // ---------------------------------------------------------------------------------------------
-// The webhook receiver: 200, or 500 with a short body while `failing`.
+// The webhook receiver: 200, or 500 with a short body while `failing`; each request numbered in
+// the order it arrived.
 
-const receiver = { failing: false, got: new Map() };
+const receiver = { failing: false, got: new Map(), requests: 0 };
 const server = http.createServer((req, res) => {
   const chunks = [];
   req.on('data', (c) => chunks.push(c));
@@ -49,7 +50,10 @@ const server = http.createServer((req, res) => {
     const id = req.headers['webhook-id'];
     if (id) {
       if (!receiver.got.has(id)) receiver.got.set(id, []);
-      receiver.got.get(id).push({ failing: receiver.failing, body: Buffer.concat(chunks).toString() });
+      receiver.requests += 1;
+      receiver.got.get(id).push({
+        failing: receiver.failing, body: Buffer.concat(chunks).toString(), n: receiver.requests,
+      });
     }
     if (receiver.failing) {
       res.writeHead(500, { 'content-type': 'text/plain' });
@@ -398,6 +402,41 @@ const steps = [
     await filtered.waitFor();
     expect(await filtered.getByTestId('attempt-status').textContent() === 'filtered', 'the timeline says filtered');
     await shot(page, '12-filtered.png');
+  }],
+
+  ['l. a dead letter that blocks its key, retried from the list; another discarded', async () => {
+    await apiOk('PATCH', `/api/v1/tenants/${TENANT_A}/destinations/${destinationId}`,
+      { ordering: { key: '/data/order', on_dead_letter: 'block' } });
+    const [blocking, behind, gone] = [`portal-${RUN}-7`, `portal-${RUN}-8`, `portal-${RUN}-9`];
+    const deadOf = async (id) => (await apiOk('GET', `/api/v1/tenants/${TENANT_A}/dead-letters`))
+      .items.find((d) => d.event_id === id);
+    receiver.failing = true;
+    await publish(blocking, { order: 70, total: 70 });
+    await publish(gone, { order: 90, total: 90 });
+    await until('both dead letters', async () => (await deadOf(blocking)) && (await deadOf(gone)));
+    receiver.failing = false;
+    await publish(behind, { order: 70, total: 71 });
+    const held = await deadOf(blocking);
+    expect(held.blocks_key === true, `the dead letter blocks its key: ${JSON.stringify(held)}`);
+    await page.getByTestId('nav-dead-letters').click();
+    const row = page.locator(`[data-testid=dead-letter-row][data-job-id="${held.job_id}"]`);
+    await row.getByTestId('blocks-key').waitFor();
+    await shot(page, '13-dead-letter-blocks-its-key.png');
+    expect(!receiver.got.has(behind), 'the later event of the key waits for its dead letter');
+    await row.getByTestId('dead-letter-retry').click();
+    await row.getByTestId('retry-queued').waitFor();
+    await until('the retried event, then the one it held back', () =>
+      receiver.got.get(blocking)?.some((r) => !r.failing) && receiver.got.has(behind));
+    const delivered = receiver.got.get(blocking).find((r) => !r.failing).n;
+    expect(receiver.got.get(behind)[0].n > delivered, 'the held-back event after the retried one');
+    expect(!(await deadOf(blocking)), 'a retried dead letter leaves the list');
+
+    const other = page.locator(`[data-testid=dead-letter-row][data-job-id="${(await deadOf(gone)).job_id}"]`);
+    await other.getByTestId('dead-letter-discard').click();
+    await other.getByTestId('dead-letter-discard-confirm').click();
+    await other.getByTestId('discarded').waitFor();
+    expect(!(await deadOf(gone)), 'a discarded dead letter leaves the list');
+    await shot(page, '14-dead-letters-retried-and-discarded.png');
   }],
 ];
 
