@@ -110,6 +110,8 @@ impl Sheaf {
             api: self.api.clone(),
             url: self.url("/api/v1/publish"),
             tenant: tenant.to_owned(),
+            topic: TOPIC.to_owned(),
+            key: None,
         }
     }
 
@@ -152,21 +154,41 @@ pub struct Publisher {
     api: Api,
     url: String,
     tenant: String,
+    topic: String,
+    /// Every event's `key`; `None`: one of 1,000 keys, by its seq.
+    key: Option<String>,
 }
 
 impl Publisher {
-    /// Publishes `{"seq": seq, "pad": pad}` with topic [`TOPIC`]; `Ok(false)` when the service
-    /// refused it (not 202). The answer's body is not read: the publisher's own cost is part of
-    /// what the scenarios measure.
+    /// This publisher, publishing on `topic` instead of [`TOPIC`].
+    pub fn on_topic(mut self, topic: &str) -> Self {
+        self.topic = topic.to_owned();
+        self
+    }
+
+    /// This publisher, giving every event the same `key` (one hot key).
+    pub fn with_key(mut self, key: &str) -> Self {
+        self.key = Some(key.to_owned());
+        self
+    }
+
+    /// Publishes `{"seq": seq, "key": …, "pad": pad}` with topic [`TOPIC`] (or the one
+    /// [`Publisher::on_topic`] set); `Ok(false)` when the service refused it (not 202). The
+    /// answer's body is not read: the publisher's own cost is part of what the scenarios
+    /// measure.
     pub async fn publish(&self, seq: u64, pad: &str) -> anyhow::Result<bool> {
         // A publisher-chosen id, as clients that retry publishes send: the path that checks
         // idempotency.
-        // `key`: one of 1,000 order keys, for the destinations ordered by `/data/key`.
-        let data = serde_json::json!({ "seq": seq, "key": seq % 1_000, "pad": pad });
+        // `key`: one of 1,000 order keys, for the destinations ordered by `/data/key`, unless
+        // the publisher has one key for all.
+        let data = match &self.key {
+            Some(key) => serde_json::json!({ "seq": seq, "key": key, "pad": pad }),
+            None => serde_json::json!({ "seq": seq, "key": seq % 1_000, "pad": pad }),
+        };
         let id = format!("bench-{seq}");
         let status = self
             .api
-            .publish_status(&self.url, &self.tenant, TOPIC, &id, &data)
+            .publish_status(&self.url, &self.tenant, &self.topic, &id, &data)
             .await?;
         Ok(status == 202)
     }

@@ -30,42 +30,8 @@ pub(super) async fn run_backend(
 ) -> anyhow::Result<Measured> {
     let base = Instant::now();
     let receiver = Receiver::start().await?;
-    let mut env = Vec::new();
-    let mut guards = (None, None);
-    if backend == Backend::Postgres {
-        let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
-        env.push(("SHEAF_LOG_STORE", "postgres".to_owned()));
-        env.push(("SHEAF_QUEUE", "postgres".to_owned()));
-        env.push(("SHEAF_POSTGRES_URL", schema.url.clone()));
-        env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
-        guards = (Some(schema), None);
-    }
-    if backend.stores() == Backend::PostgresClickHouse {
-        let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
-        let db = ChDb::new(ctx.clickhouse()?, "bench_delivery");
-        env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
-        env.push(("SHEAF_QUEUE", "postgres".to_owned()));
-        env.push(("SHEAF_POSTGRES_URL", schema.url.clone()));
-        env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
-        env.push(("SHEAF_CLICKHOUSE_URL", db.url.clone()));
-        env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
-        guards = (Some(schema), Some(db));
-    }
-    // The SQLite file, in a directory of the run's output that is removed after it.
-    let data_dir = matches!(backend, Backend::Sqlite | Backend::SqliteFull).then(|| {
-        ctx.out_dir
-            .join(format!("delivery-{backend:?}-data").to_lowercase())
-    });
-    if let Some(dir) = &data_dir {
-        // A directory left by an interrupted run would start the file with its rows.
-        let _ = std::fs::remove_dir_all(dir);
-        env.push(("SHEAF_LOG_STORE", "sqlite".to_owned()));
-        env.push(("SHEAF_QUEUE", "sqlite".to_owned()));
-        env.push(("SHEAF_DATA_DIR", dir.display().to_string()));
-        if backend == Backend::SqliteFull {
-            env.push(("SHEAF_SQLITE_SYNC", "full".to_owned()));
-        }
-    }
+    let stores = Stores::new(ctx, backend)?;
+    let mut env = stores.env.clone();
     // The OTLP sink: a second receiver, answering every export 200 (an empty response).
     let sink = match backend {
         Backend::MemoryTraced => {
@@ -155,8 +121,8 @@ pub(super) async fn run_backend(
     let cpu_before = sheaf.cpu_time();
     let servers_before = servers.cpu_time();
     let every = Duration::from_secs_f64(sizes.sample_every_s);
-    let sampler = match &guards.0 {
-        Some(schema) => Some(Sampler::start(schema, guards.1.as_ref(), every).await?),
+    let sampler = match &stores.schema {
+        Some(schema) => Some(Sampler::start(schema, stores.clickhouse.as_ref(), every).await?),
         None => None,
     };
     let steady_sent = load::publish(
@@ -177,7 +143,7 @@ pub(super) async fn run_backend(
     steady.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &steady);
     servers.per_event(servers_before, &mut steady);
     let queue = match sampler {
-        Some(sampler) => Some(sampler.finish(guards.1.as_ref()).await?),
+        Some(sampler) => Some(sampler.finish(stores.clickhouse.as_ref()).await?),
         None => None,
     };
     // Where the memory configuration's CPU goes at saturation: a third run of the saturation
@@ -191,10 +157,7 @@ pub(super) async fn run_backend(
     progress.finish();
     let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     sheaf.stop().await?;
-    drop(guards);
-    if let Some(dir) = &data_dir {
-        let _ = std::fs::remove_dir_all(dir);
-    }
+    drop(stores);
     let trace_exports = sink.map(|sink| sink.requests().0);
 
     let overhead_per_event_bytes = (backend == Backend::Memory).then(|| {
@@ -213,6 +176,72 @@ pub(super) async fn run_backend(
         trace_exports,
         profile,
     })
+}
+
+/// The stores a configuration runs on: the `SHEAF_*` variables that select them, and this run's
+/// Postgres schema, ClickHouse database or SQLite directory, each removed when this is dropped
+/// (after the process that used them stopped).
+pub(super) struct Stores {
+    pub(super) env: Vec<(&'static str, String)>,
+    pub(super) schema: Option<PgSchema>,
+    pub(super) clickhouse: Option<ChDb>,
+    data_dir: Option<std::path::PathBuf>,
+}
+
+impl Stores {
+    pub(super) fn new(ctx: &Ctx, backend: Backend) -> anyhow::Result<Self> {
+        let mut stores = Stores {
+            env: Vec::new(),
+            schema: None,
+            clickhouse: None,
+            data_dir: None,
+        };
+        let env = &mut stores.env;
+        match backend.stores() {
+            Backend::Postgres | Backend::PostgresClickHouse => {
+                let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
+                env.push(("SHEAF_QUEUE", "postgres".to_owned()));
+                env.push(("SHEAF_POSTGRES_URL", schema.url.clone()));
+                env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
+                stores.schema = Some(schema);
+            }
+            Backend::Sqlite | Backend::SqliteFull => {
+                // The SQLite file, in a directory of the run's output that is removed after it.
+                let dir = ctx
+                    .out_dir
+                    .join(format!("delivery-{backend:?}-data").to_lowercase());
+                // A directory left by an interrupted run would start the file with its rows.
+                let _ = std::fs::remove_dir_all(&dir);
+                env.push(("SHEAF_LOG_STORE", "sqlite".to_owned()));
+                env.push(("SHEAF_QUEUE", "sqlite".to_owned()));
+                env.push(("SHEAF_DATA_DIR", dir.display().to_string()));
+                if backend == Backend::SqliteFull {
+                    env.push(("SHEAF_SQLITE_SYNC", "full".to_owned()));
+                }
+                stores.data_dir = Some(dir);
+            }
+            _ => {}
+        }
+        if backend.stores() == Backend::Postgres {
+            env.push(("SHEAF_LOG_STORE", "postgres".to_owned()));
+        }
+        if backend.stores() == Backend::PostgresClickHouse {
+            let db = ChDb::new(ctx.clickhouse()?, "bench_delivery");
+            env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
+            env.push(("SHEAF_CLICKHOUSE_URL", db.url.clone()));
+            env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
+            stores.clickhouse = Some(db);
+        }
+        Ok(stores)
+    }
+}
+
+impl Drop for Stores {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 /// The saturation load again, with `sheaf` sampled by perf; the flame graph and its summary go

@@ -14,6 +14,10 @@
 //! run ends the memory backends with a profiled saturation run (`crate::profile`: perf, a flame
 //! graph and where the time goes), outside the measured phases.
 //!
+//! Per backend list, last, **one hot key** (`hotkey.rs`): an ordered destination whose events
+//! all carry one key, so one delivery at a time, beside an unordered destination in the same
+//! process, on the memory backends and on Postgres + ClickHouse.
+//!
 //! `measure.rs` runs one backend and measures it (with the queue and ClickHouse sampler of the
 //! steady phase); `report.rs` builds the tables, targets and figure from what it measured.
 
@@ -23,6 +27,7 @@ use serde::Serialize;
 use crate::context::Ctx;
 use crate::report::Report;
 
+mod hotkey;
 mod measure;
 mod report;
 
@@ -60,6 +65,11 @@ pub(super) enum Backend {
     PostgresClickHouse,
     /// Postgres + ClickHouse with the destination ordered by `/data/key` (1,000 keys).
     PostgresClickHouseOrdered,
+    /// The memory backends with one hot key (`hotkey.rs`): an ordered destination whose events
+    /// all have one key, beside an unordered one.
+    MemoryHotKey,
+    /// The same on Postgres + ClickHouse.
+    PostgresClickHouseHotKey,
 }
 
 impl Backend {
@@ -74,18 +84,31 @@ impl Backend {
             Backend::SqliteFull => "SQLite, sync full",
             Backend::Postgres => "Postgres + Postgres",
             Backend::PostgresClickHouse => "Postgres + ClickHouse",
+            Backend::MemoryHotKey => "memory, one hot key",
+            Backend::PostgresClickHouseHotKey => "Postgres + ClickHouse, one hot key",
         }
     }
 
     /// The stores it runs on: a variant's plain configuration.
     pub(super) fn stores(self) -> Backend {
         match self {
-            Backend::MemoryOrdered | Backend::MemoryTransformed | Backend::MemoryTraced => {
-                Backend::Memory
+            Backend::MemoryOrdered
+            | Backend::MemoryTransformed
+            | Backend::MemoryTraced
+            | Backend::MemoryHotKey => Backend::Memory,
+            Backend::PostgresClickHouseOrdered | Backend::PostgresClickHouseHotKey => {
+                Backend::PostgresClickHouse
             }
-            Backend::PostgresClickHouseOrdered => Backend::PostgresClickHouse,
             other => other,
         }
+    }
+
+    /// Whether it is a hot-key configuration, measured by `hotkey.rs` rather than `measure.rs`.
+    pub(super) fn is_hot_key(self) -> bool {
+        matches!(
+            self,
+            Backend::MemoryHotKey | Backend::PostgresClickHouseHotKey
+        )
     }
 
     /// The destination's settings besides its URL.
@@ -101,7 +124,7 @@ impl Backend {
 }
 
 /// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,transformed,ordered,sqlite,sqlite-full,postgres,clickhouse,clickhouse-ordered` and a steady phase length in seconds. The figures in
+/// subset of `memory,traced,transformed,ordered,sqlite,sqlite-full,postgres,clickhouse,clickhouse-ordered,hot-key,clickhouse-hot-key` and a steady phase length in seconds. The figures in
 /// docs/benchmarks.md always come from a run without them.
 const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
 const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
@@ -119,6 +142,8 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
         Backend::Postgres,
         Backend::PostgresClickHouse,
         Backend::PostgresClickHouseOrdered,
+        Backend::MemoryHotKey,
+        Backend::PostgresClickHouseHotKey,
     ];
     let Ok(list) = std::env::var(BACKENDS_VAR) else {
         return Ok(all);
@@ -134,8 +159,10 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
             "sqlite-full" => Ok(Backend::SqliteFull),
             "postgres" => Ok(Backend::Postgres),
             "clickhouse" => Ok(Backend::PostgresClickHouse),
+            "hot-key" => Ok(Backend::MemoryHotKey),
+            "clickhouse-hot-key" => Ok(Backend::PostgresClickHouseHotKey),
             other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, ordered, sqlite, sqlite-full, postgres, clickhouse or clickhouse-ordered"
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, ordered, sqlite, sqlite-full, postgres, clickhouse, clickhouse-ordered, hot-key or clickhouse-hot-key"
             ),
         })
         .collect()
@@ -217,12 +244,23 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         sizes.long_steady_seconds = seconds;
     }
     let bin = ctx.sheaf_bin()?.to_path_buf();
+    let hot_sizes = hotkey::Sizes::new(ctx);
     let mut measured = Vec::new();
+    let mut hot = Vec::new();
     for backend in backends()? {
+        if backend.is_hot_key() {
+            let m = hotkey::run(ctx, &bin, &hot_sizes, backend)
+                .await
+                .with_context(|| backend.label())?;
+            hot.push(m);
+            continue;
+        }
         let m = run_backend(ctx, &bin, &sizes, backend)
             .await
             .with_context(|| backend.label())?;
         measured.push(m);
     }
-    Ok(build_report(ctx, &sizes, measured))
+    let mut report = build_report(ctx, &sizes, measured);
+    hotkey::add_to_report(&mut report, &hot_sizes, &hot);
+    Ok(report)
 }
