@@ -31,8 +31,8 @@ commands:
                      burst, cdc, destinations, memory), services down; results in target/bench/<scenario>.json and .svg
   chaos SCENARIO…|all [--quick]
                      the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
-                     target/xtask/chaos-clickhouse), started and stopped around it: kill, postgres,
-                     clickhouse, shutdown, cdc, broker
+                     target/xtask/chaos-clickhouse), started and stopped around it: kill, ordering,
+                     postgres, clickhouse, shutdown, cdc, broker
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
                      stop or start the fault suite's own servers (its scenarios call this)
   package [--no-verify]

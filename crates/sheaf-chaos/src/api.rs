@@ -130,8 +130,16 @@ pub fn publish_paced(
                 async move {
                     let due = start + Duration::from_secs_f64(i as f64 / pace.rate);
                     tokio::time::sleep_until(due).await;
+                    let data = event_data(scenario, i);
                     publish_until_accepted(
-                        &api, &targets, &tenant, scenario, i, &id, pace, &outcome,
+                        &api,
+                        &targets,
+                        &tenant,
+                        &id,
+                        &data,
+                        i,
+                        pace.give_up_after,
+                        &outcome,
                     )
                     .await;
                 }
@@ -142,30 +150,34 @@ pub fn publish_paced(
     })
 }
 
+/// Publishes one event (`id`, `data`) as `tenant`, retried with backoff until a process
+/// answers 202 or `give_up_after` passes; the `n`th try goes to target `pick + n`, so
+/// consecutive events and consecutive tries alternate between the processes. Records the
+/// outcome in `outcome`; returns whether the event was accepted.
 #[allow(clippy::too_many_arguments)]
-async fn publish_until_accepted(
+pub async fn publish_until_accepted(
     api: &Api,
     targets: &Targets,
     tenant: &str,
-    scenario: &str,
-    i: usize,
     id: &str,
-    pace: Pace,
+    data: &Value,
+    pick: usize,
+    give_up_after: Duration,
     outcome: &Mutex<Published>,
-) {
-    let data = event_data(scenario, i);
-    let deadline = Instant::now() + pace.give_up_after;
+) -> bool {
+    let deadline = Instant::now() + give_up_after;
     let mut backoff = PUBLISH_BACKOFF;
-    for attempt in 0usize.. {
-        let answer = match targets.pick(i + attempt) {
-            Some(base) => match api.publish(&base, tenant, TOPIC, id, &data).await {
+    let mut attempt = 0;
+    loop {
+        let answer = match targets.pick(pick + attempt) {
+            Some(base) => match api.publish(&base, tenant, TOPIC, id, data).await {
                 Ok((202, body)) => {
                     let mut outcome = outcome.lock().unwrap_or_else(|e| e.into_inner());
                     outcome.accepted.insert(id.to_owned(), Instant::now());
                     if body["duplicate"].as_bool() == Some(true) {
                         outcome.repeats += 1;
                     }
-                    return;
+                    return true;
                 }
                 Ok((status, _)) => status.to_string(),
                 Err(_) => "no answer".to_owned(),
@@ -181,9 +193,10 @@ async fn publish_until_accepted(
             }
         }
         if give_up {
-            return;
+            return false;
         }
         tokio::time::sleep(backoff.next_delay()).await;
+        attempt += 1;
     }
 }
 

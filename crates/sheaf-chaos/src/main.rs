@@ -9,6 +9,9 @@
 //!
 //! - `kill`: two processes share the stores; one is SIGKILLed mid-burst, and its claimed jobs
 //!   come back to the other when their lease ends;
+//! - `ordering`: the same crash under keys published in sequence to a destination ordered by
+//!   `/data/key`, with the receiver failing every fifth request; each key's events still reach
+//!   it in publish order, the killed process's jobs first once their lease ends;
 //! - `postgres`: Postgres is stopped and started under load; the process reconnects by itself
 //!   and `/readyz` shows the outage;
 //! - `clickhouse`: ClickHouse (the log store) is stopped for 30 s (5 s with `--quick`) while

@@ -21,6 +21,7 @@ pub const BENCH_SPAWNING_SHEAF: &[&str] = &["delivery", "burst", "cdc", "destina
 /// Every scenario of `sheaf-chaos`, in the order `all` runs them (docs/operations.md).
 pub const CHAOS: &[&str] = &[
     "kill",
+    "ordering",
     "postgres",
     "clickhouse",
     "shutdown",

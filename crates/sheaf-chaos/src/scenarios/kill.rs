@@ -8,7 +8,6 @@
 //! jobs leased at the kill that still carry the same lease 1.5 s later (the survivor finishes
 //! its own claims within a few hundred milliseconds, and nobody can take a running lease).
 
-use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use sheaf_testenv::receiver::Receiver;
@@ -18,7 +17,10 @@ use crate::env::{Ctx, QUEUE_LEASE};
 use crate::report::{Report, recovery_after, secs};
 use crate::sheaf;
 
-use super::{TENANT, claimed_jobs, cleanup, counters, event_ids, settle, stop_clean, wait_until};
+use super::{
+    TENANT, claimed_jobs, cleanup, counters, event_ids, settle, stop_clean, stranded_recovery,
+    wait_until,
+};
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let mut report = Report::new("kill");
@@ -127,55 +129,4 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     stop_clean(&mut report, b).await?;
     cleanup(ctx, &mut report, &schema).await?;
     Ok(report)
-}
-
-/// When the stranded claims' events reached the receiver after the kill, and how many of them
-/// had reached it before (the victim delivered them but died before recording it: those are
-/// the duplicates at-least-once allows).
-fn stranded_recovery(
-    stranded: &[String],
-    receiver: &Receiver,
-    killed_at: Instant,
-) -> (usize, String) {
-    if stranded.is_empty() {
-        return (
-            0,
-            "none were stranded (the kill found sheaf a between claims)".to_owned(),
-        );
-    }
-    let wanted: HashSet<&String> = stranded.iter().collect();
-    let mut after: HashMap<&str, Instant> = HashMap::new();
-    let mut before = HashSet::new();
-    let deliveries = receiver.deliveries();
-    for d in deliveries
-        .iter()
-        .filter(|d| d.status == 200 && wanted.contains(&d.id))
-    {
-        if d.answered < killed_at {
-            before.insert(d.id.as_str());
-        } else {
-            let t = after.entry(d.id.as_str()).or_insert(d.answered);
-            *t = (*t).min(d.answered);
-        }
-    }
-    let times: Vec<Duration> = after
-        .values()
-        .map(|t| t.saturating_duration_since(killed_at))
-        .collect();
-    let text = match (times.iter().min(), times.iter().max()) {
-        (Some(min), Some(max)) => format!(
-            "{} of {}, between {} and {} after the kill ({} of them had been delivered by sheaf a just before it died)",
-            times.len(),
-            stranded.len(),
-            secs(*min),
-            secs(*max),
-            before.len()
-        ),
-        _ => format!(
-            "0 of {} after the kill ({} had been delivered before it)",
-            stranded.len(),
-            before.len()
-        ),
-    };
-    (times.len(), text)
 }

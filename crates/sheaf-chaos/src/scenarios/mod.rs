@@ -6,6 +6,7 @@ mod cdc;
 mod clickhouse;
 mod disabled;
 mod kill;
+mod ordering;
 mod outage;
 mod overload;
 mod postgres;
@@ -13,7 +14,7 @@ mod secrets;
 mod shutdown;
 mod sqlite;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use sheaf_testenv::process::SheafProcess;
@@ -35,6 +36,7 @@ pub fn static_name(name: &str) -> &'static str {
 pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
     match name {
         "kill" => Box::pin(kill::run(ctx)).await,
+        "ordering" => Box::pin(ordering::run(ctx)).await,
         "postgres" => Box::pin(postgres::run(ctx)).await,
         "clickhouse" => Box::pin(clickhouse::run(ctx)).await,
         "shutdown" => Box::pin(shutdown::run(ctx)).await,
@@ -84,6 +86,57 @@ async fn claimed_jobs(ctx: &Ctx, schema: &str) -> anyhow::Result<Vec<Leased>> {
             claimed_until,
         })
         .collect())
+}
+
+/// When the stranded claims' events reached the receiver after the kill, and how many of them
+/// had reached it before (the victim delivered them but died before recording it: those are
+/// the duplicates at-least-once allows).
+fn stranded_recovery(
+    stranded: &[String],
+    receiver: &Receiver,
+    killed_at: Instant,
+) -> (usize, String) {
+    if stranded.is_empty() {
+        return (
+            0,
+            "none were stranded (the kill found sheaf a between claims)".to_owned(),
+        );
+    }
+    let wanted: HashSet<&String> = stranded.iter().collect();
+    let mut after: HashMap<&str, Instant> = HashMap::new();
+    let mut before = HashSet::new();
+    let deliveries = receiver.deliveries();
+    for d in deliveries
+        .iter()
+        .filter(|d| d.status == 200 && wanted.contains(&d.id))
+    {
+        if d.answered < killed_at {
+            before.insert(d.id.as_str());
+        } else {
+            let t = after.entry(d.id.as_str()).or_insert(d.answered);
+            *t = (*t).min(d.answered);
+        }
+    }
+    let times: Vec<Duration> = after
+        .values()
+        .map(|t| t.saturating_duration_since(killed_at))
+        .collect();
+    let text = match (times.iter().min(), times.iter().max()) {
+        (Some(min), Some(max)) => format!(
+            "{} of {}, between {} and {} after the kill ({} of them had been delivered by sheaf a just before it died)",
+            times.len(),
+            stranded.len(),
+            secs(*min),
+            secs(*max),
+            before.len()
+        ),
+        _ => format!(
+            "0 of {} after the kill ({} had been delivered before it)",
+            stranded.len(),
+            before.len()
+        ),
+    };
+    (times.len(), text)
 }
 
 /// Jobs left in the queue.
