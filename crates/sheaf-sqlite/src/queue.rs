@@ -2,6 +2,10 @@
 //! the single writer, so concurrent claimers never share a job; every outcome is a batch of
 //! short statements in one operation of the writer, each guarded by its lease.
 //!
+//! Longer than 600 lines because every statement of the queue sits beside the code that binds
+//! it, dead letters (held, requeued, removed) included: split, a reader would chase one
+//! operation across files.
+//!
 //! # Leases on the process's clock
 //!
 //! A claim sets `claimed_until = now + lease` with the clock read when the writer runs it, and

@@ -1,4 +1,7 @@
 //! Tenants and their destinations, and the [`EntityStore`] trait that keeps them.
+//!
+//! Longer than 600 lines because a destination's every field, its patch and the rules each
+//! backend must apply to them are documented here, in one place, for backends written outside.
 
 use std::collections::BTreeMap;
 use std::fmt;

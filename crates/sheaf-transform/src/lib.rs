@@ -118,7 +118,7 @@ impl Default for Limits {
 }
 
 /// What a program reads: the event as `.` (and as `$event`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event<'a> {
     /// The event's id.
     pub id: &'a str,
@@ -261,7 +261,11 @@ impl Transform {
             (Some(Ok(value)), None) => value,
         };
         let (body, headers) = split_headers(value)?;
-        let body = body.to_string().into_bytes();
+        // Written as bytes, not through `Display` (which checks every string's UTF-8 again).
+        let mut body_bytes = Vec::new();
+        jaq_json::write::write(&mut body_bytes, &jaq_json::write::Pp::default(), 0, &body)
+            .map_err(|e| RunError::Failed(format!("the body cannot be written: {e}")))?;
+        let body = body_bytes;
         if body.len() > limits.max_body_bytes {
             return Err(RunError::TooLarge {
                 limit: limits.max_body_bytes,

@@ -8,12 +8,16 @@
 //! write, and reads the replies in order, so under load a runner pays one pipe round trip and
 //! one pair of context switches per batch, not per event; when the queue is empty it goes idle.
 //!
-//! Replies come in request order, so the runner is running request *i* from the moment reply
-//! *i − 1* arrived: a reply that has not come [`Pool::runaway_after`] later, or a runner that
-//! dies before it, is request *i*'s program's doing. Its runner is killed (or gone), that
-//! program is **refused** from then on in this process (its next runs fail at once, saying
-//! why) until it is changed (a changed program is another program), and the requests behind it
-//! in the batch go back to the front of the queue for a fresh runner.
+//! Replies come in request order, and a runner writes them out whenever it has read every
+//! request it was sent (not one by one: a write per event would cost a pipe wakeup per event).
+//! So when a reply has not come [`Pool::runaway_after`] after the previous one, or the runner
+//! dies, the culprit is one of the requests still unanswered. The runner is killed (or gone);
+//! if one request was unanswered it is the culprit, and its program is **refused** from then
+//! on in this process (its next runs fail at once, saying why) until it is changed (a changed
+//! program is another program). If several were, they go back to the front of the queue as
+//! *suspects*, which a fresh runner takes one at a time: the culprit then kills a runner alone
+//! and is refused, and the others get their answers. A crash costs a runner twice, and the
+//! batches that never crash pay nothing for it.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
@@ -101,6 +105,9 @@ struct Pending {
     key: u64,
     frame: Vec<u8>,
     answer: oneshot::Sender<Result<Output, Failure>>,
+    /// It was unanswered in a batch whose runner died: it runs alone from now on, so that if
+    /// it is what killed the runner, it is blamed and nothing else is.
+    suspect: bool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -164,18 +171,20 @@ impl Pool {
             return Err(refused);
         }
         let frame = Request {
-            source: source.to_owned(),
-            id: event.id.to_owned(),
-            topic: event.topic.to_owned(),
-            data: event.data.to_vec(),
-            tenant_id: event.tenant_id.to_owned(),
+            source,
+            event: *event,
             limits: *limits,
         }
         .encode();
         let (answer, answered) = oneshot::channel();
         let drive = {
             let mut state = lock(&self.shared.state);
-            state.waiting.push_back(Pending { key, frame, answer });
+            state.waiting.push_back(Pending {
+                key,
+                frame,
+                answer,
+                suspect: false,
+            });
             match state.idle.pop() {
                 Some(runner) => Some(Some(runner)),
                 None if state.running < self.size => {
@@ -276,7 +285,12 @@ async fn drive_runner(
                 state.idle.push(current);
                 return;
             }
-            let n = state.waiting.len().min(MAX_BATCH);
+            // Suspects wait at the front and go one at a time; the rest go together.
+            let n = if state.waiting[0].suspect {
+                1
+            } else {
+                state.waiting.len().min(MAX_BATCH)
+            };
             state.waiting.drain(..n).collect()
         };
         // A program refused while its request waited is not run again.
@@ -347,8 +361,8 @@ impl Runner {
     }
 
     /// Writes the batch and answers each request as its reply comes. `Err` with the requests
-    /// not answered when the runner is gone: killed as a runaway, or dead (the request it was
-    /// running is blamed, answered and its program refused).
+    /// not answered when the runner is gone (killed as a runaway, or dead), now suspects;
+    /// empty when the only one unanswered was the culprit (answered, its program refused).
     async fn run_batch(
         &mut self,
         shared: &Shared,
@@ -373,7 +387,7 @@ impl Runner {
         let read = async {
             let mut batch = batch.into_iter();
             while let Some(pending) = batch.next() {
-                let blame = match tokio::time::timeout(runaway_after, read_reply(stdout)).await {
+                let ended = match tokio::time::timeout(runaway_after, read_reply(stdout)).await {
                     Ok(Ok(reply)) => {
                         let _ = pending.answer.send(answer(reply));
                         continue;
@@ -391,9 +405,19 @@ impl Runner {
                         )
                     }
                 };
-                tracing::warn!(reason = %blame, "a transformation runner ended; another is started");
-                let _ = pending.answer.send(Err(shared.refuse(pending.key, blame)));
-                return Err(batch.collect::<Vec<_>>());
+                tracing::warn!(reason = %ended, "a transformation runner ended; another is started");
+                let mut unanswered: Vec<Pending> = std::iter::once(pending).chain(batch).collect();
+                // The runner writes its replies out when its input runs dry, not one by one, so
+                // any of the unanswered may have killed it, unless only one is left.
+                if let [_] = unanswered.as_slice() {
+                    let culprit = unanswered.pop().expect("one");
+                    let _ = culprit.answer.send(Err(shared.refuse(culprit.key, ended)));
+                    return Err(Vec::new());
+                }
+                for pending in &mut unanswered {
+                    pending.suspect = true;
+                }
+                return Err(unanswered);
             }
             Ok(())
         };

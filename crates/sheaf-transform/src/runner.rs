@@ -11,14 +11,18 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::wire::{Reply, Request, read_frame};
-use crate::{CompileError, Event, Transform};
+use crate::{CompileError, Transform};
 
 /// The address space a runner allows itself: room for the compiler's thread (its stack is
 /// reserved, not used), the programs it keeps and one run's values, and far less than a
 /// service's machine.
 pub const MEMORY_LIMIT_BYTES: u64 = 1 << 30;
+
+/// The longest a written reply stays in the runner's buffer while it runs further requests.
+const FLUSH_AFTER: Duration = Duration::from_millis(20);
 
 /// How many compiled programs a runner keeps; past it, it starts afresh.
 const KEPT_PROGRAMS: usize = 256;
@@ -33,36 +37,38 @@ pub fn serve_stdio() -> io::Result<()> {
     serve(BufReader::new(stdin), BufWriter::new(stdout))
 }
 
-/// Answers requests read from `input` on `output` until `input` ends. Each reply is flushed
-/// before the next request runs: if that one crashes the runner, every earlier reply has
-/// reached the pool, which then knows whose program it was.
+/// Answers requests read from `input` on `output` until `input` ends. Replies are flushed
+/// whenever no further request is buffered, so a batch costs a few writes; if a request
+/// crashes the runner with replies unwritten, the pool runs the unanswered ones again alone
+/// and so learns whose program it was.
 pub fn serve(mut input: BufReader<impl Read>, mut output: impl Write) -> io::Result<()> {
     let mut programs: HashMap<String, Result<Arc<Transform>, CompileError>> = HashMap::new();
+    let mut flushed = Instant::now();
     while let Some(frame) = read_frame(&mut input)? {
         let request = Request::decode(&frame)?;
-        if !programs.contains_key(&request.source) && programs.len() >= KEPT_PROGRAMS {
-            programs.clear();
-        }
-        let program = programs
-            .entry(request.source.clone())
-            .or_insert_with(|| Transform::compile(&request.source).map(Arc::new));
-        let reply = match program {
-            Err(e) => Reply::Compile(e.clone()),
-            Ok(transform) => {
-                let event = Event {
-                    id: &request.id,
-                    topic: &request.topic,
-                    data: &request.data,
-                    tenant_id: &request.tenant_id,
-                };
-                match transform.run(&event, &request.limits) {
-                    Ok(output) => Reply::Ran(output),
-                    Err(e) => Reply::Failed(e.to_string()),
-                }
+        if !programs.contains_key(request.source) {
+            if programs.len() >= KEPT_PROGRAMS {
+                programs.clear();
             }
+            let compiled = Transform::compile(request.source).map(Arc::new);
+            programs.insert(request.source.to_owned(), compiled);
+        }
+        let reply = match &programs[request.source] {
+            Err(e) => Reply::Compile(e.clone()),
+            Ok(transform) => match transform.run(&request.event, &request.limits) {
+                Ok(output) => Reply::Ran(output),
+                Err(e) => Reply::Failed(e.to_string()),
+            },
         };
         output.write_all(&reply.encode())?;
-        output.flush()?;
+        // Out once no request waits in what was read, or some time after the last write: a
+        // batch's replies go in a few writes, not one per request (a crash loses the unwritten
+        // ones; the pool then reruns them one at a time, and finds the culprit), and no reply
+        // waits long behind slow runs for the pool's runaway clock.
+        if input.buffer().is_empty() || flushed.elapsed() >= FLUSH_AFTER {
+            output.flush()?;
+            flushed = Instant::now();
+        }
     }
     Ok(())
 }
@@ -74,11 +80,13 @@ mod tests {
 
     fn request(source: &str) -> Vec<u8> {
         Request {
-            source: source.to_owned(),
-            id: "evt_1".to_owned(),
-            topic: "order.paid".to_owned(),
-            data: br#"{"total": 250}"#.to_vec(),
-            tenant_id: "acme".to_owned(),
+            source,
+            event: crate::Event {
+                id: "evt_1",
+                topic: "order.paid",
+                data: br#"{"total": 250}"#,
+                tenant_id: "acme",
+            },
             limits: Limits::default(),
         }
         .encode()

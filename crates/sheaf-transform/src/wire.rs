@@ -8,20 +8,18 @@
 use std::io::{self, Read};
 use std::time::Duration;
 
-use crate::{CompileError, Limits, Output};
+use crate::{CompileError, Event, Limits, Output};
 
 /// The largest frame either side reads: a program (16 KiB), an event and a body are far
 /// smaller; anything larger means the other side is not speaking this protocol.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
 
-/// One run asked of a runner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Request {
-    pub source: String,
-    pub id: String,
-    pub topic: String,
-    pub data: Vec<u8>,
-    pub tenant_id: String,
+/// One run asked of a runner. It borrows everything: the pool encodes it straight from the
+/// caller's event, and the runner decodes it in place in the frame it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Request<'a> {
+    pub source: &'a str,
+    pub event: Event<'a>,
     pub limits: Limits,
 }
 
@@ -40,27 +38,36 @@ const DROP: u8 = 1;
 const COMPILE: u8 = 2;
 const FAILED: u8 = 3;
 
-impl Request {
+impl<'a> Request<'a> {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Frame::new();
-        out.bytes(self.source.as_bytes());
-        out.bytes(self.id.as_bytes());
-        out.bytes(self.topic.as_bytes());
-        out.bytes(&self.data);
-        out.bytes(self.tenant_id.as_bytes());
+        let event = &self.event;
+        let strings = [
+            self.source.as_bytes(),
+            event.id.as_bytes(),
+            event.topic.as_bytes(),
+            event.data,
+            event.tenant_id.as_bytes(),
+        ];
+        let length = strings.iter().map(|s| 4 + s.len()).sum::<usize>() + 16;
+        let mut out = Frame::with_capacity(length);
+        for string in strings {
+            out.bytes(string);
+        }
         out.u64(self.limits.max_body_bytes as u64);
         out.u64(u64::try_from(self.limits.max_time.as_micros()).unwrap_or(u64::MAX));
         out.finish()
     }
 
-    pub fn decode(frame: &[u8]) -> io::Result<Self> {
+    pub fn decode(frame: &'a [u8]) -> io::Result<Self> {
         let mut at = Cursor(frame);
         let request = Request {
-            source: at.string()?,
-            id: at.string()?,
-            topic: at.string()?,
-            data: at.bytes()?.to_vec(),
-            tenant_id: at.string()?,
+            source: at.str()?,
+            event: Event {
+                id: at.str()?,
+                topic: at.str()?,
+                data: at.bytes()?,
+                tenant_id: at.str()?,
+            },
             limits: Limits {
                 max_body_bytes: usize::try_from(at.u64()?).unwrap_or(usize::MAX),
                 max_time: Duration::from_micros(at.u64()?),
@@ -159,7 +166,13 @@ struct Frame(Vec<u8>);
 
 impl Frame {
     fn new() -> Self {
-        Frame(vec![0; 4])
+        Frame::with_capacity(0)
+    }
+    /// A frame with room for `length` bytes after its prefix.
+    fn with_capacity(length: usize) -> Self {
+        let mut bytes = Vec::with_capacity(4 + length);
+        bytes.extend_from_slice(&[0; 4]);
+        Frame(bytes)
     }
     fn u8(&mut self, v: u8) {
         self.0.push(v);
@@ -204,9 +217,12 @@ impl<'a> Cursor<'a> {
         let length = u32::from_le_bytes(length.try_into().expect("four bytes")) as usize;
         self.take(length)
     }
-    fn string(&mut self) -> io::Result<String> {
-        String::from_utf8(self.bytes()?.to_vec())
+    fn str(&mut self) -> io::Result<&'a str> {
+        std::str::from_utf8(self.bytes()?)
             .map_err(|_| malformed("a string that is not UTF-8".to_owned()))
+    }
+    fn string(&mut self) -> io::Result<String> {
+        self.str().map(str::to_owned)
     }
     fn end(&self) -> io::Result<()> {
         if self.0.is_empty() {
@@ -224,11 +240,13 @@ mod tests {
     #[test]
     fn requests_and_replies_survive_the_trip() {
         let request = Request {
-            source: ".data".to_owned(),
-            id: "evt_1".to_owned(),
-            topic: "order.paid".to_owned(),
-            data: br#"{"a": "\u00e9"}"#.to_vec(),
-            tenant_id: "acme".to_owned(),
+            source: ".data",
+            event: Event {
+                id: "evt_1",
+                topic: "order.paid",
+                data: br#"{"a": "\u00e9"}"#,
+                tenant_id: "acme",
+            },
             limits: Limits::default(),
         };
         let frame = request.encode();

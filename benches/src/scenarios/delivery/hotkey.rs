@@ -142,7 +142,10 @@ pub(super) async fn run(
         .add_destination_with("bench", &hot_rx.url(), hot_settings)
         .await?;
     let plain = sheaf.publisher("bench");
-    let hot = sheaf.publisher("bench").on_topic(HOT_TOPIC).with_key(HOT_KEY);
+    let hot = sheaf
+        .publisher("bench")
+        .on_topic(HOT_TOPIC)
+        .with_key(HOT_KEY);
     let pad = Arc::new("x".repeat(PAD_BYTES));
     let per_phase = (sizes.plain_rate * sizes.seconds) as usize;
     let hot_warmup = sizes.warmup / 40;
@@ -433,10 +436,7 @@ pub(super) fn add_to_report(report: &mut Report, sizes: &Sizes, measured: &[Meas
             format!("{:.3}x", b.events_per_s / a.events_per_s),
             pair(report::millis(a.p50_ms), report::millis(b.p50_ms)),
             pair(report::millis(a.p99_ms), report::millis(b.p99_ms)),
-            pair(
-                percent(m.cpu_alone_percent),
-                percent(m.cpu_beside_percent),
-            ),
+            pair(percent(m.cpu_alone_percent), percent(m.cpu_beside_percent)),
         ]);
         for (name, p) in [("beside U", &h.beside), ("alone", &h.quiet)] {
             hot.row(vec![
