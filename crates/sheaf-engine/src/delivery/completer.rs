@@ -40,11 +40,28 @@ pub(super) async fn run(
     let interval = core.config.completer_flush_interval;
     let max = core.config.completer_max_batch;
     while let Some(first) = outcomes.recv().await {
+        let mut frees_key = first.frees_key;
         let mut batch = vec![first];
         let deadline = Instant::now() + interval;
         while batch.len() < max {
+            // A batch that ends an ordered job goes as soon as nothing else waits: its key's
+            // next event waits for this write, and under load the channel is rarely empty, so
+            // batches stay large where it matters.
+            if frees_key {
+                match outcomes.try_recv() {
+                    Ok(outcome) => {
+                        frees_key |= outcome.frees_key;
+                        batch.push(outcome);
+                        continue;
+                    }
+                    Err(_) => break,
+                }
+            }
             match tokio::time::timeout_at(deadline, outcomes.recv()).await {
-                Ok(Some(outcome)) => batch.push(outcome),
+                Ok(Some(outcome)) => {
+                    frees_key |= outcome.frees_key;
+                    batch.push(outcome);
+                }
                 Ok(None) | Err(_) => break,
             }
         }
@@ -55,6 +72,7 @@ pub(super) async fn run(
 /// Writes one batch of outcomes: one settlement with an outbox, else one statement per kind
 /// present.
 async fn flush(core: &Core, batch: Vec<Turn>, give_up: &CancellationToken) {
+    let frees_key = batch.iter().any(|turn| turn.frees_key);
     let mut settlement = Settlement::default();
     let mut reports = Vec::new();
     for turn in batch {
@@ -70,6 +88,10 @@ async fn flush(core: &Core, batch: Vec<Turn>, give_up: &CancellationToken) {
         settle(core, outbox.as_ref(), &settlement, give_up).await;
     } else {
         write_outcomes(core, settlement).await;
+    }
+    if frees_key {
+        // An ordered job is done: its key's next job can be claimed now, not at the next poll.
+        core.wake.notify_one();
     }
     // After the outcomes are written: a destination is judged on what was recorded.
     if let Some(channel) = &core.turn_reports {

@@ -77,6 +77,10 @@ struct Turn {
     attempt: Option<Attempt>,
     /// For destination health and operator events, when the process wants them.
     report: Option<TurnReport>,
+    /// The job had an order key and this outcome ends it: the key's next job becomes
+    /// claimable once the outcome is written, so the completer wakes the dispatcher then
+    /// (else a key's next event would wait for the dispatcher's next poll).
+    frees_key: bool,
 }
 
 impl From<Outcome> for Turn {
@@ -85,6 +89,7 @@ impl From<Outcome> for Turn {
             outcome,
             attempt: None,
             report: None,
+            frees_key: false,
         }
     }
 }

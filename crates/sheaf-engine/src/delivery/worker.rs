@@ -60,6 +60,7 @@ pub(super) async fn run(
             }
         };
         let Some(dispatched) = next else { break };
+        let ordered = dispatched.claimed.job.order_key.is_some();
         let span = attempt_span(&core, &dispatched).await;
         // Traced, but the publish's context comes with the payload: the span is made then.
         let span_later = core.traces.is_some() && span.is_none();
@@ -68,10 +69,11 @@ pub(super) async fn run(
             () = abort.cancelled() => break,
             outcome = handle(&core, dispatched, span_later).instrument(span) => outcome,
         };
-        if let Some(outcome) = outcome
-            && outcomes.send(outcome).await.is_err()
-        {
-            break;
+        if let Some(mut turn) = outcome {
+            turn.frees_key = ordered && !matches!(turn.outcome, Outcome::Reschedule(_));
+            if outcomes.send(turn).await.is_err() {
+                break;
+            }
         }
     }
 }
@@ -149,6 +151,7 @@ fn dead_letter_disabled(core: &Core, claimed: &ClaimedJob) -> Turn {
         outcome,
         attempt: None,
         report,
+        frees_key: false,
     }
 }
 
@@ -306,6 +309,7 @@ async fn deliver(
             outcome,
             attempt: Some(attempt),
             report,
+            frees_key: false,
         });
     }
     let logged = write_attempt(core, attempt).await;
@@ -315,6 +319,7 @@ async fn deliver(
         outcome,
         attempt: None,
         report,
+        frees_key: false,
     })
 }
 
@@ -426,6 +431,7 @@ async fn filtered(
             outcome,
             attempt: Some(attempt),
             report,
+            frees_key: false,
         };
     }
     // Written before the job completes, as every attempt is: a filtered delivery leaves its
@@ -435,6 +441,7 @@ async fn filtered(
         outcome,
         attempt: None,
         report,
+        frees_key: false,
     }
 }
 
