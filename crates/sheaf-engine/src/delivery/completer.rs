@@ -39,15 +39,19 @@ pub(super) async fn run(
 ) {
     let interval = core.config.completer_flush_interval;
     let max = core.config.completer_max_batch;
+    let mut last_flush = Instant::now();
     while let Some(first) = outcomes.recv().await {
         let mut frees_key = first.frees_key;
         let mut batch = vec![first];
+        // Under load flushes follow each other without a pause, and each batch fills its
+        // window; a completer that had nothing to write for a whole window is not under load.
+        let idle = last_flush.elapsed() >= interval;
         let deadline = Instant::now() + interval;
         while batch.len() < max {
-            // A batch that ends an ordered job goes as soon as nothing else waits: its key's
-            // next event waits for this write, and under load the channel is rarely empty, so
-            // batches stay large where it matters.
-            if frees_key {
+            // A batch that ends an ordered job, after an idle spell, goes as soon as nothing
+            // else waits: its key's next event waits for this write. Under load it fills its
+            // window as any batch does, so ordered load keeps its few large writes.
+            if frees_key && idle {
                 match outcomes.try_recv() {
                     Ok(outcome) => {
                         frees_key |= outcome.frees_key;
@@ -66,6 +70,7 @@ pub(super) async fn run(
             }
         }
         flush(&core, batch, &give_up).await;
+        last_flush = Instant::now();
     }
 }
 
