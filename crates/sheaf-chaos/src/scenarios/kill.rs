@@ -14,12 +14,11 @@ use sheaf_testenv::receiver::Receiver;
 
 use crate::api::{Api, Pace, Targets, publish_paced};
 use crate::env::{Ctx, QUEUE_LEASE};
-use crate::report::{Report, recovery_after, secs};
+use crate::report::{Report, secs};
 use crate::sheaf;
 
 use super::{
-    TENANT, claimed_jobs, cleanup, counters, event_ids, settle, stop_clean, stranded_recovery,
-    wait_until,
+    TENANT, after_the_kill, claimed_jobs, event_ids, settle, stranded_recovery, wait_until,
 };
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
@@ -103,30 +102,17 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
             stranded.len()
         ),
     );
-    report.recovery = recovery_after(killed_at, &published.accepted, &receiver.first_successes());
-    report.note(
-        "recovery",
-        "from the kill until every event accepted before it was delivered",
-    );
-    report.note(
-        "publishes refused (retried on sheaf b)",
-        published.refused_text(),
-    );
-    report.note(
-        "sheaf b counters",
-        counters(
-            &api,
-            &b,
-            &[
-                "sheaf_jobs_claimed_total",
-                "sheaf_leases_lost_total",
-                "sheaf_lease_renewals_total",
-                "sheaf_deliveries_total{outcome=\"success\"}",
-            ],
-        )
-        .await,
-    );
-    stop_clean(&mut report, b).await?;
-    cleanup(ctx, &mut report, &schema).await?;
-    Ok(report)
+    after_the_kill(
+        ctx,
+        report,
+        (&api, b, &schema),
+        (killed_at, &published, &receiver),
+        &[
+            "sheaf_jobs_claimed_total",
+            "sheaf_leases_lost_total",
+            "sheaf_lease_renewals_total",
+            "sheaf_deliveries_total{outcome=\"success\"}",
+        ],
+    )
+    .await
 }

@@ -305,6 +305,32 @@ fn log_lines(sheaf: &SheafProcess, needle: &str) -> usize {
 }
 
 /// A few counters of one process, as `name value, …`.
+/// How a crash scenario ends on the process that survived the kill at `killed_at`: the
+/// recovery (from the kill until every event accepted before it was delivered), the publishes
+/// refused, the survivor's `counted` metrics; then it must stop cleanly, and the stores go.
+async fn after_the_kill(
+    ctx: &Ctx,
+    mut report: Report,
+    (api, survivor, schema): (&Api, SheafProcess, &str),
+    (killed_at, published, receiver): (std::time::Instant, &Published, &Receiver),
+    counted: &[&str],
+) -> anyhow::Result<Report> {
+    report.recovery =
+        crate::report::recovery_after(killed_at, &published.accepted, &receiver.first_successes());
+    report.note(
+        "recovery",
+        "from the kill until every event accepted before it was delivered",
+    );
+    report.note(
+        "publishes refused (retried on sheaf b)",
+        published.refused_text(),
+    );
+    report.note("sheaf b counters", counters(api, &survivor, counted).await);
+    stop_clean(&mut report, survivor).await?;
+    cleanup(ctx, &mut report, schema).await?;
+    Ok(report)
+}
+
 async fn counters(api: &Api, sheaf: &SheafProcess, names: &[&str]) -> String {
     match api.metrics(&sheaf.base()).await {
         Ok(page) => names

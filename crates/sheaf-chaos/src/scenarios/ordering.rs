@@ -41,12 +41,10 @@ use tokio::task::JoinHandle;
 
 use crate::api::{Api, Published, Targets, metric, publish_until_accepted};
 use crate::env::{Ctx, QUEUE_LEASE};
-use crate::report::{Report, recovery_after, secs};
+use crate::report::{Report, secs};
 use crate::sheaf;
 
-use super::{
-    TENANT, claimed_jobs, cleanup, counters, settle, stop_clean, stranded_recovery, wait_until,
-};
+use super::{TENANT, after_the_kill, claimed_jobs, settle, stranded_recovery, wait_until};
 
 /// The JSON pointer the destination is ordered by.
 const ORDER_KEY: &str = "/data/key";
@@ -122,32 +120,19 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         ),
     );
     check_order(&mut report, &receiver.deliveries());
-    report.recovery = recovery_after(killed.at, &published.accepted, &receiver.first_successes());
-    report.note(
-        "recovery",
-        "from the kill until every event accepted before it was delivered",
-    );
-    report.note(
-        "publishes refused (retried on sheaf b)",
-        published.refused_text(),
-    );
-    report.note(
-        "sheaf b counters",
-        counters(
-            &api,
-            &b,
-            &[
-                "sheaf_jobs_claimed_total",
-                "sheaf_leases_lost_total",
-                "sheaf_deliveries_total{outcome=\"success\"}",
-                "sheaf_deliveries_total{outcome=\"failed\"}",
-            ],
-        )
-        .await,
-    );
-    stop_clean(&mut report, b).await?;
-    cleanup(ctx, &mut report, &schema).await?;
-    Ok(report)
+    after_the_kill(
+        ctx,
+        report,
+        (&api, b, &schema),
+        (killed.at, &published, &receiver),
+        &[
+            "sheaf_jobs_claimed_total",
+            "sheaf_leases_lost_total",
+            "sheaf_deliveries_total{outcome=\"success\"}",
+            "sheaf_deliveries_total{outcome=\"failed\"}",
+        ],
+    )
+    .await
 }
 
 /// What the kill left: when it was, and the jobs the killed process held (their event ids).
