@@ -262,7 +262,9 @@ pub struct Attempt {
     pub duration_ms: u32,
     /// The start of the response body, truncated by the service.
     pub response_body: Option<String>,
-    /// Why the attempt failed without a response (timeout, connection refused), if it did.
+    /// What went wrong, in words, where the response does not say it: no response (timeout,
+    /// connection refused), a redirect not followed, the transformation's failure; on the last
+    /// attempt of an ordered job, also what became of its key (it waits, or goes on without it).
     pub error: Option<String>,
     /// The event's topic.
     pub event_topic: String,
