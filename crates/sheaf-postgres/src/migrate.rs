@@ -102,6 +102,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "dead_letters_holding_keys",
         sql: include_str!("../migrations/0015_dead_letters_holding_keys.sql"),
     },
+    Migration {
+        version: 16,
+        name: "outbox_events_without_key_index",
+        sql: include_str!("../migrations/0016_outbox_events_without_key_index.sql"),
+    },
 ];
 
 /// Applies the missing migrations to `schema` (a validated identifier) and returns the versions

@@ -2,8 +2,8 @@
 //! module docs), in one of two layouts.
 //!
 //! - **Shipped** (the log store is elsewhere, e.g. ClickHouse): an accepted event's key goes into
-//!   `accepted_events` (the idempotency record), its payload into `outbox_events` and its jobs
-//!   into `jobs`, all in one statement; a settlement writes attempts into `outbox_attempts`
+//!   `accepted_events` (the idempotency record, pointing at its payload's `seq`), its payload
+//!   into `outbox_events` and its jobs into `jobs`, all in one statement; a settlement writes attempts into `outbox_attempts`
 //!   (without a copy of the payload, like the Postgres log's `attempts`) together with the
 //!   outcomes. A [`Shipment`] deletes the rows it takes inside a transaction
 //!   it holds open until the log store acknowledged them: committing removes them for good,
@@ -65,10 +65,11 @@ impl Statements {
         let events = format!("unnest({}) AS e({EVENT_COLUMNS})", event_arrays(1));
         let new_keys = match layout {
             OutboxLayout::Shipped => format!(
-                "INSERT INTO {s}.accepted_events (tenant_id, event_id, accepted_at)
-                 SELECT e.tenant_id, e.event_id, now() FROM {events}
+                "INSERT INTO {s}.accepted_events (tenant_id, event_id, accepted_at, seq)
+                 SELECT e.tenant_id, e.event_id, now(), nextval('{s}.outbox_events_seq_seq')
+                 FROM {events}
                  ON CONFLICT (tenant_id, event_id) DO NOTHING
-                 RETURNING tenant_id, event_id"
+                 RETURNING tenant_id, event_id, seq"
             ),
             OutboxLayout::InTheLog => format!(
                 "INSERT INTO {s}.events ({EVENT_COLUMNS})
@@ -76,15 +77,18 @@ impl Statements {
                         e.traceparent, e.tracestate
                  FROM {events}
                  ON CONFLICT (tenant_id, event_id) DO NOTHING
-                 RETURNING tenant_id, event_id"
+                 RETURNING tenant_id, event_id, NULL::bigint AS seq"
             ),
         };
+        // The payload row takes the `seq` its key row drew (the identity's own sequence), so the
+        // key finds it without an index of its own (`migrations/0016_…`).
         let payloads = match layout {
             OutboxLayout::Shipped => format!(
                 ", payloads AS (
-                     INSERT INTO {s}.outbox_events ({EVENT_COLUMNS})
-                     SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data::json,
-                            e.traceparent, e.tracestate
+                     INSERT INTO {s}.outbox_events (seq, {EVENT_COLUMNS})
+                     OVERRIDING SYSTEM VALUE
+                     SELECT new.seq, e.tenant_id, e.event_id, e.topic, e.event_time,
+                            e.data::json, e.traceparent, e.tracestate
                      FROM {events}
                      JOIN new USING (tenant_id, event_id)
                      ORDER BY e.tenant_id, e.event_id
@@ -136,9 +140,16 @@ impl Statements {
             OutboxLayout::Shipped => insert_attempts_into(s, "outbox_attempts", 1, ""),
             OutboxLayout::InTheLog => log.insert_attempts_sql().to_owned(),
         };
-        let event_table = match layout {
-            OutboxLayout::Shipped => "outbox_events",
-            OutboxLayout::InTheLog => "events",
+        // Shipped: a waiting payload is found through its key's row, which points at it.
+        let event_rows = match layout {
+            OutboxLayout::Shipped => format!(
+                "{s}.accepted_events AS a
+                 ON a.tenant_id = k.tenant_id AND a.event_id = k.event_id
+                 JOIN {s}.outbox_events AS e ON e.seq = a.seq"
+            ),
+            OutboxLayout::InTheLog => {
+                format!("{s}.events AS e ON e.tenant_id = k.tenant_id AND e.event_id = k.event_id")
+            }
         };
         Statements {
             accept,
@@ -147,8 +158,7 @@ impl Statements {
                 "SELECT e.tenant_id, e.event_id, e.topic, e.event_time, e.data, e.traceparent,
                         e.tracestate
                  FROM unnest($1::text[], $2::text[]) AS k(tenant_id, event_id)
-                 JOIN {s}.{event_table} AS e
-                   ON e.tenant_id = k.tenant_id AND e.event_id = k.event_id"
+                 JOIN {event_rows}"
             ),
             // The oldest rows no other shipment holds, picked once (an uncorrelated
             // `ARRAY(…)` is an init plan) and deleted by primary key. Written as `IN (SELECT …)`
@@ -173,12 +183,17 @@ impl Statements {
                            NULL::text AS tracestate"
             ),
             // Bounded per call, so a long-expired backlog is pruned in steps that each hold
-            // their locks for a short time.
+            // their locks for a short time. A key whose payload still waits to be shipped stays:
+            // it is how the payload is found.
             prune: format!(
                 "WITH gone AS (
                      DELETE FROM {s}.accepted_events
-                     WHERE ctid = ANY (ARRAY(SELECT ctid FROM {s}.accepted_events
-                                             WHERE accepted_at < $1 LIMIT $2))
+                     WHERE ctid = ANY (ARRAY(
+                         SELECT ctid FROM {s}.accepted_events AS a
+                         WHERE accepted_at < $1
+                           AND NOT EXISTS (SELECT 1 FROM {s}.outbox_events AS o
+                                           WHERE o.seq = a.seq)
+                         LIMIT $2))
                      RETURNING 1)
                  SELECT count(*) AS pruned FROM gone"
             ),

@@ -25,7 +25,7 @@ async fn processes_starting_together_apply_each_migration_once() {
     applied.sort_unstable();
     assert_eq!(
         applied,
-        (1..=15).collect::<Vec<i64>>(),
+        (1..=16).collect::<Vec<i64>>(),
         "each migration applied exactly once"
     );
     assert!(test.stores.migrate().await.expect("migrate").is_empty());

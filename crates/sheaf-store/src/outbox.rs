@@ -156,8 +156,9 @@ pub trait Outbox: fmt::Debug + Send + Sync + 'static {
 
     /// Forgets event keys accepted before `before`, at most `max` per call; returns how many.
     /// After that, the same id is accepted as new again: the idempotency window is how long the
-    /// caller keeps keys. Backends whose keys live in the log store keep them as long as it
-    /// keeps the events, and return 0.
+    /// caller keeps keys. An event still waiting to be shipped keeps its key however old it is
+    /// (forgetting it would lose the event). Backends whose keys live in the log store keep them
+    /// as long as it keeps the events, and return 0.
     async fn prune_keys(&self, before: Timestamp, max: usize) -> Result<u64>;
 
     /// How much waits for the log store.
