@@ -19,7 +19,8 @@
 //! process, on the memory backends and on Postgres + ClickHouse.
 //!
 //! `measure.rs` runs one backend and measures it (with the queue and ClickHouse sampler of the
-//! steady phase); `report.rs` builds the tables, targets and figure from what it measured.
+//! steady phase, `queue.rs`); `report.rs` builds the tables, targets and figure from what it
+//! measured.
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -29,9 +30,11 @@ use crate::report::Report;
 
 mod hotkey;
 mod measure;
+mod queue;
 mod report;
 
-use measure::{QueueOverTime, run_backend};
+use measure::run_backend;
+use queue::QueueOverTime;
 use report::build_report;
 
 pub(super) const QUESTION: &str = "How many events per second does one `sheaf` process deliver from publish \
