@@ -16,7 +16,7 @@ use crate::report;
 use crate::sheaf::{Publisher, Sheaf};
 
 use super::queue::Sampler;
-use super::{Backend, Measured, PAD_BYTES, Phase, Sizes, TRACE_PERCENT_VAR};
+use super::{Backend, Measured, PAD_BYTES, Phase, Sizes, SteadyRun, TRACE_PERCENT_VAR};
 
 pub(super) async fn run_backend(
     ctx: &Ctx,
@@ -57,13 +57,13 @@ pub(super) async fn run_backend(
     let payload_bytes =
         serde_json::to_vec(&serde_json::json!({ "seq": 12345, "pad": *pad }))?.len();
 
-    let steady_seconds = if backend == Backend::PostgresClickHouse {
-        sizes.long_steady_seconds
+    let (steady_seconds, steady_runs) = if backend == Backend::PostgresClickHouse {
+        (sizes.long_steady_seconds, sizes.steady_repeats)
     } else {
-        sizes.steady_seconds
+        (sizes.steady_seconds, 1)
     };
-    let total =
-        sizes.warmup + sizes.saturation_events + (sizes.steady_rate * steady_seconds) as usize;
+    let steady_count = (sizes.steady_rate * steady_seconds) as usize;
+    let total = sizes.warmup + sizes.saturation_events + steady_count * steady_runs;
     let progress = Arc::new(Progress::new(
         format!("delivery: {}", backend.label()),
         total as u64,
@@ -111,37 +111,24 @@ pub(super) async fn run_backend(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after_saturation_kib = sheaf.rss_kib().unwrap_or(0);
 
-    let first = 2_000_000;
-    receiver.reset();
-    let steady_count = (sizes.steady_rate * steady_seconds) as usize;
-    let cpu_before = sheaf.cpu_time();
-    let servers_before = servers.cpu_time();
-    let every = Duration::from_secs_f64(sizes.sample_every_s);
-    let sampler = match &stores.schema {
-        Some(schema) => Some(Sampler::start(schema, stores.clickhouse.as_ref(), every).await?),
-        None => None,
-    };
-    let steady_sent = load::publish(
-        &publisher,
+    // Postgres + ClickHouse's steady phase as many times as asked, one after another in this
+    // process: a later run starts with what the earlier ones left (dead tuples, parts, the
+    // outbox's and the log's growth), as a longer steady load would.
+    let rig = Rig {
+        sheaf: &sheaf,
+        publisher: &publisher,
+        receiver: &receiver,
+        stores: &stores,
+        servers: &servers,
+        pad: &pad,
+        progress: &progress,
         base,
-        first,
-        steady_count,
-        Pace::Rate(sizes.steady_rate),
-        Arc::clone(&pad),
-        &progress,
-    )
-    .await;
-    let accepted = steady_count - (steady_sent.refused + steady_sent.errors) as usize;
-    receiver
-        .wait_for_count(accepted, Duration::from_secs(300))
-        .await;
-    let mut steady = phase(&steady_sent, first, &receiver, base);
-    steady.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &steady);
-    servers.per_event(servers_before, &mut steady);
-    let queue = match sampler {
-        Some(sampler) => Some(sampler.finish(stores.clickhouse.as_ref()).await?),
-        None => None,
     };
+    let mut steady = Vec::with_capacity(steady_runs);
+    for run in 0..steady_runs {
+        let first = 2_000_000 + run as u64 * 10_000_000;
+        steady.push(steady_run(&rig, sizes, steady_count, first).await?);
+    }
     // Where the memory configuration's CPU goes at saturation: a third run of the saturation
     // load under perf, after the measured phases (sampling costs CPU of its own, so it is kept
     // out of their figures). Not under --quick.
@@ -163,12 +150,11 @@ pub(super) async fn run_backend(
     Ok(Measured {
         backend,
         saturation,
-        steady,
+        steady_runs: steady,
         rss_before_kib,
         rss_after_saturation_kib,
         overhead_per_event_bytes,
         peak_rss_mib,
-        queue,
         trace_exports,
         profile,
     })
@@ -286,6 +272,59 @@ async fn profile_saturation(
             None
         }
     }
+}
+
+/// What a steady run drives and reads.
+struct Rig<'a> {
+    sheaf: &'a Sheaf,
+    publisher: &'a Publisher,
+    receiver: &'a Receiver,
+    stores: &'a Stores,
+    servers: &'a Servers,
+    pad: &'a Arc<String>,
+    progress: &'a Arc<Progress>,
+    base: Instant,
+}
+
+/// One steady run: `count` events at the steady rate from seq `first`, measured until the last
+/// was delivered; on Postgres, with the queue sampled.
+async fn steady_run(
+    rig: &Rig<'_>,
+    sizes: &Sizes,
+    count: usize,
+    first: u64,
+) -> anyhow::Result<SteadyRun> {
+    rig.receiver.reset();
+    let cpu_before = rig.sheaf.cpu_time();
+    let servers_before = rig.servers.cpu_time();
+    let every = Duration::from_secs_f64(sizes.sample_every_s);
+    let clickhouse = rig.stores.clickhouse.as_ref();
+    let sampler = match &rig.stores.schema {
+        Some(schema) => Some(Sampler::start(schema, clickhouse, every).await?),
+        None => None,
+    };
+    let sent = load::publish(
+        rig.publisher,
+        rig.base,
+        first,
+        count,
+        Pace::Rate(sizes.steady_rate),
+        Arc::clone(rig.pad),
+        rig.progress,
+    )
+    .await;
+    let accepted = count - (sent.refused + sent.errors) as usize;
+    rig.receiver
+        .wait_for_count(accepted, Duration::from_secs(300))
+        .await;
+    let mut phase = phase(&sent, first, rig.receiver, rig.base);
+    phase.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, rig.sheaf.cpu_time(), &phase);
+    rig.servers.per_event(servers_before, &mut phase);
+    let queue = match sampler {
+        Some(sampler) => Some(sampler.finish(clickhouse).await?),
+        None => None,
+    };
+    Ok(SteadyRun { phase, queue })
 }
 
 pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {
