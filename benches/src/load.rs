@@ -21,6 +21,10 @@ pub struct Sent {
     /// How long each accepted publish took to be answered 202, in microseconds (the publish
     /// latency a client sees; refused and failed publishes are not in it).
     pub publish_micros: Vec<u64>,
+    /// When each publish was answered 202, in microseconds after the base (index = seq - first
+    /// seq; 0 when it was not accepted): publishes accepted per second, for the delivery
+    /// scenario's per-second record of its steady phase.
+    pub accepted_micros: Vec<u64>,
     /// Publishes answered with something other than 202.
     pub refused: u64,
     /// Publishes that failed on the network.
@@ -57,6 +61,7 @@ pub async fn publish(
     let refused = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let answered: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let accepted: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(count);
     for i in 0..count {
@@ -67,11 +72,12 @@ pub async fn publish(
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             break;
         };
-        let (publisher, pad, started, answered, refused, errors, progress) = (
+        let (publisher, pad, started, answered, accepted, refused, errors, progress) = (
             publisher.clone(),
             Arc::clone(&pad),
             Arc::clone(&started),
             Arc::clone(&answered),
+            Arc::clone(&accepted),
             Arc::clone(&refused),
             Arc::clone(&errors),
             Arc::clone(progress),
@@ -88,6 +94,8 @@ pub async fn publish(
                     // At least 1 µs, so 0 keeps meaning "not accepted".
                     let took = (start.elapsed().as_micros() as u64).max(1);
                     answered[i].store(took, Ordering::Relaxed);
+                    let at = start.duration_since(base).as_micros() as u64 + took;
+                    accepted[i].store(at, Ordering::Relaxed);
                 }
                 Ok(false) => {
                     refused.fetch_add(1, Ordering::Relaxed);
@@ -109,6 +117,7 @@ pub async fn publish(
             .map(|a| a.load(Ordering::Relaxed))
             .filter(|&took| took > 0)
             .collect(),
+        accepted_micros: accepted.iter().map(|a| a.load(Ordering::Relaxed)).collect(),
         refused: refused.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),
         elapsed: t0.elapsed(),

@@ -1,6 +1,7 @@
 //! What `delivery` measures, per backend: a `sheaf serve` on it, a warm-up, the saturation and
 //! steady phases with their publish and delivery latencies, and, under the steady phase, what the
-//! Postgres queue and ClickHouse do (`queue.rs`).
+//! Postgres queue and ClickHouse do (`queue.rs`), and much more second by second (`watch.rs`,
+//! `stall.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ use crate::report;
 use crate::sheaf::{Publisher, Sheaf};
 
 use super::queue::Sampler;
+use super::stall::{self, SecondBySecond};
+use super::watch::{Watched, Watcher};
 use super::{Backend, Measured, PAD_BYTES, Phase, Sizes, SteadyRun, TRACE_PERCENT_VAR};
 
 pub(super) async fn run_backend(
@@ -183,7 +186,11 @@ impl Stores {
             Backend::Postgres | Backend::PostgresClickHouse => {
                 let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
                 env.push(("SHEAF_QUEUE", "postgres".to_owned()));
-                env.push(("SHEAF_POSTGRES_URL", schema.url.clone()));
+                // Named after the schema, so the steady phase's watcher tells sheaf's
+                // connections in `pg_stat_activity` from those of anything else on the server.
+                let sep = if schema.url.contains('?') { '&' } else { '?' };
+                let url = format!("{}{sep}application_name={}", schema.url, schema.schema);
+                env.push(("SHEAF_POSTGRES_URL", url));
                 env.push(("SHEAF_POSTGRES_SCHEMA", schema.schema.clone()));
                 stores.schema = Some(schema);
             }
@@ -287,7 +294,7 @@ struct Rig<'a> {
 }
 
 /// One steady run: `count` events at the steady rate from seq `first`, measured until the last
-/// was delivered; on Postgres, with the queue sampled.
+/// was delivered; on Postgres, with the queue sampled and the run watched second by second.
 async fn steady_run(
     rig: &Rig<'_>,
     sizes: &Sizes,
@@ -299,9 +306,22 @@ async fn steady_run(
     let servers_before = rig.servers.cpu_time();
     let every = Duration::from_secs_f64(sizes.sample_every_s);
     let clickhouse = rig.stores.clickhouse.as_ref();
-    let sampler = match &rig.stores.schema {
-        Some(schema) => Some(Sampler::start(schema, clickhouse, every).await?),
-        None => None,
+    let (sampler, watcher) = match &rig.stores.schema {
+        Some(schema) => {
+            let watched = Watched {
+                postgres_url: schema.url.clone(),
+                schema: schema.schema.clone(),
+                sheaf_pid: rig.sheaf.pid(),
+                postgres_pid: rig.servers.postgres,
+                clickhouse_pid: rig.servers.clickhouse,
+                metrics_url: rig.sheaf.url("/metrics"),
+            };
+            (
+                Some(Sampler::start(schema, clickhouse, every).await?),
+                Some(Watcher::start(watched).await?),
+            )
+        }
+        None => (None, None),
     };
     let sent = load::publish(
         rig.publisher,
@@ -317,19 +337,41 @@ async fn steady_run(
     rig.receiver
         .wait_for_count(accepted, Duration::from_secs(300))
         .await;
-    let mut phase = phase(&sent, first, rig.receiver, rig.base);
+    let watched = match watcher {
+        Some(watcher) => Some((watcher.started, watcher.finish().await)),
+        None => None,
+    };
+    let delivered_at = load::delivered_at(rig.receiver, rig.base);
+    let mut phase = phase_of(&sent, first, &delivered_at);
     phase.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, rig.sheaf.cpu_time(), &phase);
     rig.servers.per_event(servers_before, &mut phase);
     let queue = match sampler {
         Some(sampler) => Some(sampler.finish(clickhouse).await?),
         None => None,
     };
-    Ok(SteadyRun { phase, queue })
+    let seconds = watched.map(|(started, ticks)| {
+        let started_micros = started.duration_since(rig.base).as_micros() as u64;
+        let rows = stall::seconds(&sent, first, &delivered_at, started_micros, ticks);
+        SecondBySecond::new(rows, sizes.steady_rate)
+    });
+    Ok(SteadyRun {
+        phase,
+        queue,
+        seconds,
+    })
 }
 
 pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {
-    let delivered_at = load::delivered_at(receiver, base);
-    let (lat, last) = load::latencies(sent, first, &delivered_at);
+    phase_of(sent, first, &load::delivered_at(receiver, base))
+}
+
+/// [`phase`], from the deliveries' arrival times already read.
+fn phase_of(
+    sent: &load::Sent,
+    first: u64,
+    delivered_at: &std::collections::HashMap<u64, u64>,
+) -> Phase {
+    let (lat, last) = load::latencies(sent, first, delivered_at);
     let start = sent.started_micros.iter().copied().min().unwrap_or(0);
     let span = last.saturating_sub(start) as f64 / 1e6;
     Phase {

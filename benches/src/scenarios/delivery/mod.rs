@@ -18,9 +18,12 @@
 //! all carry one key, so one delivery at a time, beside an unordered destination in the same
 //! process, on the memory backends and on Postgres + ClickHouse.
 //!
-//! Postgres + ClickHouse's steady phase runs `SHEAF_BENCH_DELIVERY_STEADY_REPEATS` times (1 by
-//! default) one after another in the same process, and its target holds only if every run meets
-//! it.
+//! In the configurations whose queue is in Postgres, the steady phase is also recorded second by
+//! second (`stall.rs`): deliveries and publishes, the processes' CPU, `pg_stat_activity`,
+//! checkpoints, vacuums and sheaf's `/metrics` (read by `watch.rs`), and any second that stalled
+//! is printed with the seconds around it. Postgres + ClickHouse's steady phase runs
+//! `SHEAF_BENCH_DELIVERY_STEADY_REPEATS` times (1 by default) one after another in the same
+//! process, and its target holds only if every run meets it.
 //!
 //! `measure.rs` runs one backend and measures it (with the queue and ClickHouse sampler of the
 //! steady phase, `queue.rs`); `report.rs` builds the tables, targets and figure from what it
@@ -36,6 +39,8 @@ mod hotkey;
 mod measure;
 mod queue;
 mod report;
+mod stall;
+mod watch;
 
 use measure::run_backend;
 use queue::QueueOverTime;
@@ -227,6 +232,8 @@ pub(super) struct SteadyRun {
     pub(super) phase: Phase,
     /// Postgres backends: the queue over the run.
     pub(super) queue: Option<QueueOverTime>,
+    /// Postgres backends: the run second by second, and its stalls.
+    pub(super) seconds: Option<stall::SecondBySecond>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -5,6 +5,7 @@ use crate::context::Ctx;
 use crate::plot::{Bar, Figure, Panel};
 use crate::report::{self, PeakRss, Report, Table};
 
+use super::stall::{self, SETTLE_SECONDS, STALL_P99_MS, STALL_SHARE};
 use super::{Backend, Measured, PAD_BYTES, QUESTION, Sizes, SteadyRun};
 
 /// The Postgres queue and ClickHouse over the steady phases, and the throughput targets.
@@ -184,6 +185,67 @@ fn steady_target(report: &mut Report, runs: &[SteadyRun]) {
     );
 }
 
+/// The Postgres backends' steady runs second by second: each run's p99 and its stalls, and a
+/// table of the seconds around each stall.
+fn seconds_report(report: &mut Report, measured: &[Measured]) {
+    let mut table = Table::new(
+        "The steady runs second by second (Postgres backends): publish → delivered per run, and \
+         its stalls or its slowest second",
+        &[
+            "backend",
+            "delivered / published",
+            "p50 / p99 / max latency",
+            "p99 < 1 s",
+            "seconds read",
+            "stalls",
+        ],
+    );
+    let mut stall_tables = Vec::new();
+    for (_, run, label) in runs(measured) {
+        let Some(watch) = &run.seconds else { continue };
+        let p = &run.phase;
+        let read = watch.seconds.iter().filter(|s| s.tick.is_some()).count();
+        table.row(vec![
+            label.clone(),
+            format!(
+                "{} / {}",
+                report::count(p.delivered as f64),
+                report::count(p.published as f64)
+            ),
+            format!(
+                "{} / {} / {}",
+                report::millis(p.p50_ms),
+                report::millis(p.p99_ms),
+                report::millis(p.max_ms)
+            ),
+            if p.p99_ms < 1_000.0 { "yes" } else { "no" }.to_owned(),
+            format!("{read} of {}", watch.seconds.len()),
+            watch.verdict(),
+        ]);
+        stall_tables.extend(stall::stall_tables(&label, watch));
+    }
+    if table.rows.is_empty() {
+        return;
+    }
+    report.tables.push(table);
+    report.tables.extend(stall_tables);
+    report.note(format!(
+        "A stall is a second, after the first {SETTLE_SECONDS}, that delivered less than {:.0} % \
+         of the offered rate while the load was publishing (also when the load itself offered \
+         less: with at most 512 publishes in flight, it stops when they are held up), or whose \
+         publishes took more than {:.0} s to be delivered at p99. Each second's counts come \
+         from the load's and the receiver's timestamps; the readings at its end (the processes' \
+         CPU from /proc, pg_stat_activity with sheaf's connections told apart by their \
+         application_name, vacuums and analyzes in progress, pg_stat_bgwriter and pg_stat_wal, \
+         sheaf's /metrics) are taken once a second on one Postgres connection, each waiting at \
+         most 0.9 s. The role the bench connects as cannot see Postgres's own processes (the \
+         checkpointer, autovacuum workers) in pg_stat_activity: checkpoints show in the \
+         counters, vacuums by the lock they hold.",
+        STALL_SHARE * 100.0,
+        STALL_P99_MS / 1_000.0
+    ));
+}
+
 pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) -> Report {
     let mut report = Report::new("delivery", QUESTION, ctx);
     let mut table = Table::new(
@@ -264,6 +326,7 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
     }
     report.tables.push(table);
     queue_report(&mut report, sizes, &measured);
+    seconds_report(&mut report, &measured);
     for m in &measured {
         report.memory.push(PeakRss::new(
             format!("sheaf serve ({})", m.backend.label()),
