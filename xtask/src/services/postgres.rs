@@ -124,7 +124,9 @@ impl Cluster {
         )
     }
 
-    /// Creates the `sheaf` role (`LOGIN REPLICATION`) and `database` owned by it, unless they exist.
+    /// Creates the `sheaf` role (`LOGIN REPLICATION`, and a member of `pg_read_all_stats` so
+    /// the benchmarks see every backend's activity and wait events, the checkpointer's and
+    /// autovacuum's included) and `database` owned by it, unless they exist.
     pub fn ensure_role_and_database(&self, database: &str) -> anyhow::Result<()> {
         self.psql(
             "postgres",
@@ -132,6 +134,9 @@ impl Cluster {
                 "DO $$ BEGIN
                    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') THEN
                      CREATE ROLE {ROLE} LOGIN REPLICATION PASSWORD '{PASSWORD}';
+                   END IF;
+                   IF NOT pg_has_role('{ROLE}', 'pg_read_all_stats', 'MEMBER') THEN
+                     GRANT pg_read_all_stats TO {ROLE};
                    END IF;
                  END $$"
             ),
