@@ -144,7 +144,7 @@ const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
 const TRACE_PERCENT_VAR: &str = "SHEAF_BENCH_DELIVERY_TRACE_PERCENT";
 /// How many times Postgres + ClickHouse's steady phase runs, one after another in the same
 /// `sheaf` process (1 by default). Not a development knob: the steady target asks for p99 under
-/// 1 s "in every one of three consecutive runs" (issue 33), which
+/// 1 s "in every one of three consecutive runs", which
 /// `SHEAF_BENCH_DELIVERY_STEADY_REPEATS=3` measures in one invocation.
 const STEADY_REPEATS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_REPEATS";
 

@@ -1,8 +1,9 @@
 //! The steady phase second by second, in the configurations whose queue is in Postgres: what
 //! the load offered and had accepted, what the receiver got and how late, beside what the
-//! `sheaf` process, the host, Postgres and ClickHouse did in that second. Issue 33 saw one ~3 s
-//! stall in one 5-minute run of four that nothing in sheaf's log explained; with this record the
-//! next one comes with the seconds around it.
+//! `sheaf` process, the host, Postgres and ClickHouse did in that second. An earlier round saw
+//! one ~3 s stall in one 5-minute run of four that nothing in sheaf's log explained
+//! (`docs/benchmarks.md`, "delivery"); with this record the next one comes with the seconds
+//! around it.
 //!
 //! The readings come from `watch.rs`; the per-event counts come afterwards, from the load's and
 //! the receiver's own timestamps ([`seconds`]); [`stalls`] finds the seconds that went wrong and

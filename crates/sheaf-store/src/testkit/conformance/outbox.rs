@@ -471,7 +471,6 @@ pub async fn pruned_keys_are_accepted_again(stores: Stores<'_>) {
     );
     let future = Timestamp::now().saturating_add(Duration::from_secs(3600));
     if !stores.outbox.is_log() {
-        // Not shipped yet: pruning it would lose the event. (Earlier cases' shipped keys go.)
         stores.outbox.prune_keys(future, 1000).await.expect("prune");
         let repeat = stores
             .outbox
