@@ -31,7 +31,7 @@ pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let env = services::up()?;
+    let env = services::up(false)?;
     env.print();
     let outcome = run(&env, &names, quick);
     let stopped = services::stop(env.started);

@@ -77,6 +77,7 @@ fn clickhouse_instance() -> clickhouse::Instance {
         workdir: state_dir().join("chaos-clickhouse"),
         preferred_port: recorded_clickhouse_port().unwrap_or(CLICKHOUSE_PREFERRED_PORT),
         stop_command: "cargo xtask chaos-ctl clickhouse stop",
+        cluster_node: None,
     }
 }
 

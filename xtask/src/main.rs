@@ -22,9 +22,11 @@ commands:
   services up        start Postgres (wal_level = logical, TLS on), a Postgres with TLS off, ClickHouse and
                      its HTTPS front (test certificates in ~/.cache/sheaf/tls), a RabbitMQ node and a
                      NATS server with JetStream; write target/xtask/services.env
+  services up --cluster
+                     the same, and a ClickHouse cluster of 2 shards x 2 replicas (the `test` command starts it too)
   services down      stop what `services up` started, by PID
   services status    show what is running and whether xtask started it
-  test [ARGS…]       services up, every test of the workspace (doctests counted), `package`, `bench all --quick`,
+  test [ARGS…]       services up --cluster, every test of the workspace (doctests counted), `package`, `bench all --quick`,
                      services down (ARGS go to the test runner)
   bench SCENARIO…|all [--quick]
                      services up, the mechanisms' experiments on the real servers (lookup, parts, queue, delivery,
@@ -59,7 +61,12 @@ fn try_main() -> anyhow::Result<ExitCode> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
         ["services", "up"] => {
-            let env = services::up()?;
+            let env = services::up(false)?;
+            env.print();
+            Ok(ExitCode::SUCCESS)
+        }
+        ["services", "up", "--cluster"] => {
+            let env = services::up(true)?;
             env.print();
             Ok(ExitCode::SUCCESS)
         }

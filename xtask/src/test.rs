@@ -15,7 +15,8 @@ use std::process::{Command, ExitCode, Stdio};
 /// scenario that loses an event fails the run), and stops what it started, also when a suite
 /// fails.
 pub fn test(runner_args: &[&str]) -> anyhow::Result<ExitCode> {
-    let env = services::up()?;
+    // The cluster too: the ClickHouse suites also run against it (`sheaf-clickhouse`).
+    let env = services::up(true)?;
     env.print();
     let outcome = run_suites(&env, runner_args).and_then(|suites_passed| {
         let packaged = crate::package::run(crate::package::Verify::Yes)?;

@@ -45,6 +45,24 @@ pub struct ClickHouseConfig {
     /// Server settings sent with every query and insert, e.g. `max_execution_time`. Tests use
     /// it for `log_comment` and `optimize_on_insert`.
     pub settings: Vec<(String, String)>,
+    /// A sharded cluster instead of one server; `None` is one server at [`url`](Self::url).
+    pub cluster: Option<ClickHouseCluster>,
+}
+
+/// The log on a ClickHouse cluster: on every node, local tables with the single-server layout
+/// (`events_local`, `attempts_local`), and `events` and `attempts` as `Distributed` tables over
+/// them, sharded by a hash of `(tenant_id, event_id)` so that an event and all its attempts
+/// live on one shard, where deduplication and the latest-attempt lookup stay local. The
+/// cluster itself (its shards and replicas) is the servers' `remote_servers` configuration;
+/// Sheaf names it and lists the nodes, and queries go to [`ClickHouseConfig::url`], which may
+/// be any node (or a load balancer in front of them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClickHouseCluster {
+    /// The cluster's name in the servers' `remote_servers`.
+    pub name: String,
+    /// Every node's HTTP endpoint (every replica of every shard): migrations run on each,
+    /// since they create the local tables. Same login, CA file and settings as the store's.
+    pub nodes: Vec<String>,
 }
 
 impl ClickHouseConfig {
@@ -65,18 +83,26 @@ impl ClickHouseConfig {
             write: WriteConfig::default(),
             request_timeout: Duration::from_secs(30),
             settings: Vec::new(),
+            cluster: None,
         }
     }
 
     /// [`Error::InvalidInput`] unless the database name is a plain identifier, the URL is
-    /// HTTP(S), the timeout is not zero and the retention is at least a second.
+    /// HTTP(S), the timeout is not zero, the retention is at least a second, and a cluster has
+    /// a plain name and at least one node, each an HTTP(S) URL.
     pub fn validate(&self) -> Result<()> {
         validate_database(&self.database)?;
-        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
-            return Err(Error::invalid_input(format!(
-                "clickhouse url {:?} must start with http:// or https://",
-                redact_url(&self.url)
-            )));
+        validate_url("url", &self.url)?;
+        if let Some(cluster) = &self.cluster {
+            validate_identifier("cluster name", &cluster.name)?;
+            if cluster.nodes.is_empty() {
+                return Err(Error::invalid_input(
+                    "clickhouse cluster nodes must list every node's HTTP URL; none was given",
+                ));
+            }
+            for node in &cluster.nodes {
+                validate_url("cluster node", node)?;
+            }
         }
         if let Some(path) = &self.ca_file {
             sheaf_tls::roots(Some(path))
@@ -102,6 +128,11 @@ impl ClickHouseConfig {
 /// The database name as the DDL needs it: a bare identifier, so it can be written into
 /// statements without quoting rules to get wrong.
 pub(crate) fn validate_database(name: &str) -> Result<()> {
+    validate_identifier("database", name)
+}
+
+/// A name written into DDL: 1 to 64 ASCII letters, digits or `_`, not starting with a digit.
+fn validate_identifier(what: &str, name: &str) -> Result<()> {
     let valid = !name.is_empty()
         && name.len() <= MAX_DATABASE_LEN
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -110,7 +141,18 @@ pub(crate) fn validate_database(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid_input(format!(
-            "clickhouse database {name:?} must be 1 to {MAX_DATABASE_LEN} ASCII letters, digits or '_', not starting with a digit"
+            "clickhouse {what} {name:?} must be 1 to {MAX_DATABASE_LEN} ASCII letters, digits or '_', not starting with a digit"
+        )))
+    }
+}
+
+fn validate_url(what: &str, url: &str) -> Result<()> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(())
+    } else {
+        Err(Error::invalid_input(format!(
+            "clickhouse {what} {:?} must start with http:// or https://",
+            redact_url(url)
         )))
     }
 }
@@ -136,6 +178,15 @@ impl fmt::Debug for ClickHouseConfig {
             .field("write", &self.write)
             .field("request_timeout", &self.request_timeout)
             .field("settings", &self.settings)
+            .field(
+                "cluster",
+                &self.cluster.as_ref().map(|c| {
+                    (
+                        &c.name,
+                        c.nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>(),
+                    )
+                }),
+            )
             .finish()
     }
 }
@@ -175,6 +226,32 @@ mod tests {
         config.write.max_records = 0;
         let err = config.validate().unwrap_err();
         assert!(err.to_string().contains("write.max_records"), "{err}");
+    }
+
+    #[test]
+    fn a_cluster_needs_a_plain_name_and_http_nodes() {
+        let mut config = ClickHouseConfig::new("http://127.0.0.1:8123", "sheaf");
+        config.cluster = Some(ClickHouseCluster {
+            name: "sheaf".into(),
+            nodes: vec![
+                "http://127.0.0.1:8123".into(),
+                "http://127.0.0.1:8124".into(),
+            ],
+        });
+        assert!(config.validate().is_ok());
+        for (name, nodes, named) in [
+            ("a-b", vec!["http://127.0.0.1:8123"], "cluster name"),
+            ("sheaf", vec![], "cluster nodes"),
+            ("sheaf", vec!["127.0.0.1:9000"], "cluster node"),
+        ] {
+            config.cluster = Some(ClickHouseCluster {
+                name: name.into(),
+                nodes: nodes.into_iter().map(String::from).collect(),
+            });
+            let err = config.validate().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput);
+            assert!(err.to_string().contains(named), "{err}");
+        }
     }
 
     #[test]

@@ -6,11 +6,12 @@ mod counts;
 mod error;
 mod http;
 mod latest;
+mod migrate;
 mod rows;
 mod schema;
 mod store;
 mod tuning;
 mod write;
 
-pub use config::ClickHouseConfig;
+pub use config::{ClickHouseCluster, ClickHouseConfig};
 pub use store::ClickHouseLogStore;

@@ -126,6 +126,42 @@ pub(crate) fn render(statement: &str, database: &str) -> String {
     statement.replace("{db}", database)
 }
 
+/// `statement` for a cluster node, where the log tables are `events_local` and
+/// `attempts_local` under `Distributed` tables of the plain names (`migrate.rs`).
+pub(crate) fn localized(statement: &str) -> String {
+    RETAINED_TABLES
+        .iter()
+        .fold(statement.to_owned(), |statement, (table, _)| {
+            statement.replace(&format!("{{db}}.{table}"), &format!("{{db}}.{table}_local"))
+        })
+}
+
+/// One column of `system.columns` as DDL: its name quoted, its type and its default.
+pub(crate) fn column_ddl(name: &str, kind: &str, default_kind: &str, default: &str) -> String {
+    let name = name.replace('`', "\\`");
+    if default_kind.is_empty() {
+        format!("`{name}` {kind}")
+    } else {
+        format!("`{name}` {kind} {default_kind} {default}")
+    }
+}
+
+/// The `Distributed` table `table` over `{table}_local` on cluster `cluster`, with `columns`
+/// (the local table's, [`column_ddl`]), sharded so that an event and its attempts share a
+/// shard. `CREATE OR REPLACE` swaps it atomically when a migration changed the columns.
+pub(crate) fn distributed_table(
+    database: &str,
+    cluster: &str,
+    table: &str,
+    columns: &[String],
+) -> String {
+    format!(
+        "CREATE OR REPLACE TABLE {database}.{table} ({}) \
+         ENGINE = Distributed({cluster}, {database}, {table}_local, sipHash64(tenant_id, event_id))",
+        columns.join(", ")
+    )
+}
+
 /// The TTL expression for `column` kept for `seconds`, as the server prints it back in
 /// `system.tables.engine_full` (so [`ttl_is_current`] can compare).
 pub(crate) fn ttl_expression(column: &str, seconds: u64) -> String {
@@ -144,6 +180,41 @@ pub(crate) fn ttl_is_current(engine_full: &str, wanted: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_node_gets_every_log_table_statement_on_its_local_table() {
+        for migration in MIGRATIONS {
+            for statement in migration.statements {
+                let local = render(&localized(statement), "db");
+                assert!(
+                    !local.contains("db.events ") && !local.contains("db.events\n"),
+                    "{local}"
+                );
+                assert!(
+                    !local.contains("db.attempts ") && !local.contains("db.attempts\n"),
+                    "{local}"
+                );
+                assert!(
+                    local.contains("db.events_local") || local.contains("db.attempts_local"),
+                    "{local}"
+                );
+            }
+        }
+        let ddl = distributed_table(
+            "db",
+            "sheaf",
+            "attempts",
+            &[
+                column_ddl("tenant_id", "String", "", ""),
+                column_ddl("t", "String", "DEFAULT", "''"),
+            ],
+        );
+        assert_eq!(
+            ddl,
+            "CREATE OR REPLACE TABLE db.attempts (`tenant_id` String, `t` String DEFAULT '') \
+             ENGINE = Distributed(sheaf, db, attempts_local, sipHash64(tenant_id, event_id))"
+        );
+    }
 
     #[test]
     fn versions_increase_and_statements_are_idempotent() {

@@ -19,7 +19,6 @@ use sheaf_store::{
 use crate::config::ClickHouseConfig;
 use crate::error::{LAZY_LIMIT_SETTING, from_driver, from_write, timed_out};
 use crate::rows::{AttemptRow, EventRow};
-use crate::schema;
 use crate::tuning::OptionalSettings;
 use crate::write::TableWriter;
 
@@ -53,7 +52,7 @@ pub struct ClickHouseLogStore {
     /// Every query and insert; its default database is the configured one.
     pub(crate) client: Client,
     /// The same login without a default database, for `CREATE DATABASE`.
-    admin: Client,
+    pub(crate) admin: Client,
     pub(crate) config: ClickHouseConfig,
     events: WriteCoalescer<TableWriter<EventRow>>,
     attempts: WriteCoalescer<TableWriter<AttemptRow>>,
@@ -72,18 +71,7 @@ impl ClickHouseLogStore {
     /// Must be called inside a Tokio runtime (the coalescers' workers are spawned on it).
     pub fn connect(config: ClickHouseConfig) -> Result<Self> {
         config.validate()?;
-        let mut admin =
-            crate::http::client(config.ca_file.as_deref())?.with_url(config.url.as_str());
-        if let Some(user) = &config.user {
-            admin = admin.with_user(user.as_str());
-        }
-        if let Some(password) = &config.password {
-            admin = admin.with_password(password.as_str());
-        }
-        for (name, value) in &config.settings {
-            admin = admin.with_setting(name.as_str(), value.as_str());
-        }
-        let client = admin.clone().with_database(config.database.as_str());
+        let (admin, client) = clients(&config, &config.url)?;
         let coalescer_error = |e: sheaf_coalesce::ConfigError| {
             Error::invalid_input(format!("clickhouse write coalescer: {e}"))
         };
@@ -110,90 +98,6 @@ impl ClickHouseLogStore {
             listing_read: OptionalSettings::new("listings", LISTING_READ_SETTINGS),
             row_limit_fallbacks: AtomicU64::new(0),
         })
-    }
-
-    /// Creates the database and applies every migration not applied yet, then makes the
-    /// tables' retention TTL match [`ClickHouseConfig::retention`]. Safe to run on every start,
-    /// by several processes at once.
-    pub async fn migrate(&self) -> Result<()> {
-        let db = &self.config.database;
-        self.execute_on(
-            &self.admin,
-            "create the database",
-            &format!("CREATE DATABASE IF NOT EXISTS {db}"),
-        )
-        .await?;
-        self.execute_on(
-            &self.client,
-            "create schema_migrations",
-            &schema::render(schema::CREATE_MIGRATIONS_TABLE, db),
-        )
-        .await?;
-        let applied: Vec<u32> = self
-            .timed(
-                "read schema_migrations",
-                self.client
-                    .query_raw("SELECT DISTINCT version FROM schema_migrations")
-                    .fetch_all(),
-            )
-            .await?;
-        for migration in schema::MIGRATIONS {
-            if applied.contains(&migration.version) {
-                continue;
-            }
-            let what = format!("migration {} ({})", migration.version, migration.name);
-            for statement in migration.statements {
-                self.execute_on(&self.client, &what, &schema::render(statement, db))
-                    .await?;
-            }
-            self.timed(
-                &what,
-                self.client
-                    .query("INSERT INTO schema_migrations (version, name) VALUES (?, ?)")
-                    .bind(migration.version)
-                    .bind(migration.name)
-                    .execute(),
-            )
-            .await?;
-            tracing::info!(database = %db, version = migration.version, name = migration.name, "applied clickhouse migration");
-        }
-        self.apply_retention().await
-    }
-
-    /// Sets, changes or removes the TTL of both tables so it matches the configuration.
-    async fn apply_retention(&self) -> Result<()> {
-        let tables: Vec<(String, String)> = self
-            .timed(
-                "read table definitions",
-                self.client
-                    .query("SELECT name, engine_full FROM system.tables WHERE database = ?")
-                    .bind(self.config.database.as_str())
-                    .fetch_all(),
-            )
-            .await?;
-        let seconds = self.config.retention.map(|r| r.as_secs());
-        for (table, column) in schema::RETAINED_TABLES {
-            let wanted = seconds.map(|s| schema::ttl_expression(column, s));
-            let current = tables
-                .iter()
-                .find(|(name, _)| name == table)
-                .map(|(_, engine)| engine.as_str())
-                .unwrap_or_default();
-            if schema::ttl_is_current(current, wanted.as_deref()) {
-                continue;
-            }
-            // Rewriting every existing part to apply the TTL at once would be a long mutation on
-            // a big table; with `materialize_ttl_after_modify = 0` old parts expire as they merge.
-            let statement = match &wanted {
-                Some(expression) => format!(
-                    "ALTER TABLE {table} MODIFY TTL {expression} SETTINGS materialize_ttl_after_modify = 0"
-                ),
-                None => format!("ALTER TABLE {table} REMOVE TTL"),
-            };
-            self.execute_on(&self.client, "set the retention ttl", &statement)
-                .await?;
-        }
-        Ok(())
     }
 
     /// Stops accepting writes and waits for the ones already handed off. Later `insert_many`
@@ -272,9 +176,33 @@ impl ClickHouseLogStore {
         query.bind(rows)
     }
 
-    async fn execute_on(&self, client: &Client, what: &str, sql: &str) -> Result<()> {
+    pub(crate) async fn execute_on(&self, client: &Client, what: &str, sql: &str) -> Result<()> {
         self.timed(what, client.query_raw(sql).execute()).await
     }
+}
+
+/// The clients for the server at `url`: one without a default database (for `CREATE
+/// DATABASE`), and one with the configured database, which every other statement uses. Both
+/// log in as configured and send the configured settings; on a cluster also the two that
+/// reads and writes through its `Distributed` tables need (`migrate.rs`).
+pub(crate) fn clients(config: &ClickHouseConfig, url: &str) -> Result<(Client, Client)> {
+    let mut admin = crate::http::client(config.ca_file.as_deref())?.with_url(url);
+    if let Some(user) = &config.user {
+        admin = admin.with_user(user.as_str());
+    }
+    if let Some(password) = &config.password {
+        admin = admin.with_password(password.as_str());
+    }
+    if config.cluster.is_some() {
+        for (name, value) in crate::migrate::CLUSTER_SETTINGS {
+            admin = admin.with_setting(*name, *value);
+        }
+    }
+    for (name, value) in &config.settings {
+        admin = admin.with_setting(name.as_str(), value.as_str());
+    }
+    let client = admin.clone().with_database(config.database.as_str());
+    Ok((admin, client))
 }
 
 impl fmt::Debug for ClickHouseLogStore {

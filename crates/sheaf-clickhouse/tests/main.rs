@@ -3,6 +3,7 @@
 //! (unmerged duplicates, servers that refuse the lazy-materialization setting, coalesced
 //! inserts, migrations), and the cost of a lookup. Each test works in a database of its own.
 
+mod cluster;
 mod cost;
 mod duplicates;
 mod errors;

@@ -4,13 +4,16 @@
 use std::time::Duration;
 
 use clickhouse::Client;
-use sheaf_clickhouse::{ClickHouseConfig, ClickHouseLogStore};
+use sheaf_clickhouse::{ClickHouseCluster, ClickHouseConfig, ClickHouseLogStore};
+use sheaf_testenv::ClickHouseClusterEnv;
 use sheaf_testenv::clickhouse::drop_database_blocking;
 
 /// A database used by one test, dropped when this value is dropped (also when the test panics).
 pub struct TestDb {
     pub url: String,
     pub database: String,
+    /// On a cluster: its name and every node (the database is on each).
+    pub cluster: Option<ClickHouseClusterEnv>,
 }
 
 impl TestDb {
@@ -19,12 +22,36 @@ impl TestDb {
         TestDb {
             url: url.to_owned(),
             database: sheaf_testenv::unique_name("sheaf_ch"),
+            cluster: None,
+        }
+    }
+
+    /// A fresh database name on every node of `cluster`, queried through its first node.
+    pub fn on_cluster(cluster: ClickHouseClusterEnv) -> Self {
+        TestDb {
+            url: cluster.nodes[0].clone(),
+            database: sheaf_testenv::unique_name("sheaf_chc"),
+            cluster: Some(cluster),
         }
     }
 
     /// The store's configuration for this database, with the defaults otherwise.
     pub fn config(&self) -> ClickHouseConfig {
-        ClickHouseConfig::new(self.url.as_str(), self.database.as_str())
+        let mut config = ClickHouseConfig::new(self.url.as_str(), self.database.as_str());
+        config.cluster = self.cluster.as_ref().map(|c| ClickHouseCluster {
+            name: c.name.clone(),
+            nodes: c.nodes.clone(),
+        });
+        config
+    }
+
+    /// A client of the `default` user on node `i` of the cluster, whose default database is
+    /// this one.
+    pub fn node_client(&self, i: usize) -> Client {
+        let cluster = self.cluster.as_ref().expect("a cluster database");
+        Client::default()
+            .with_url(cluster.nodes[i].as_str())
+            .with_database(self.database.as_str())
     }
 
     /// A store on this database with `config`, migrated.
@@ -59,9 +86,18 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let dropped = drop_database_blocking(&self.url, &self.database, Duration::from_secs(60));
-        if let Err(why) = dropped {
-            eprintln!("could not drop test database {}: {why}", self.database);
+        let urls = match &self.cluster {
+            Some(cluster) => cluster.nodes.clone(),
+            None => vec![self.url.clone()],
+        };
+        for url in urls {
+            let dropped = drop_database_blocking(&url, &self.database, Duration::from_secs(60));
+            if let Err(why) = dropped {
+                eprintln!(
+                    "could not drop test database {} on {url}: {why}",
+                    self.database
+                );
+            }
         }
     }
 }

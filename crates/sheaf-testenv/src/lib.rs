@@ -69,6 +69,10 @@ pub mod scenarios;
 pub const POSTGRES_URL_VAR: &str = "SHEAF_TEST_POSTGRES_URL";
 /// The variable that carries the ClickHouse HTTP URL.
 pub const CLICKHOUSE_URL_VAR: &str = "SHEAF_TEST_CLICKHOUSE_URL";
+/// The test ClickHouse cluster's name in its nodes' `remote_servers`.
+pub const CLICKHOUSE_CLUSTER_VAR: &str = "SHEAF_TEST_CLICKHOUSE_CLUSTER";
+/// Every node of that cluster, as comma-separated HTTP URLs, shard by shard.
+pub const CLICKHOUSE_CLUSTER_NODES_VAR: &str = "SHEAF_TEST_CLICKHOUSE_CLUSTER_NODES";
 /// The shared Postgres with `?sslmode=verify-full&sslrootcert=<the test CA>`, on 127.0.0.1.
 pub const POSTGRES_TLS_URL_VAR: &str = "SHEAF_TEST_POSTGRES_TLS_URL";
 /// A Postgres with `ssl = off` (a plain URL): a client that requires TLS must be refused.
@@ -167,6 +171,26 @@ pub fn postgres_url(test: &str) -> Option<String> {
 /// The ClickHouse URL, or `None` (skip) outside CI. See [`server_url`].
 pub fn clickhouse_url(test: &str) -> Option<String> {
     server_url(CLICKHOUSE_URL_VAR, test)
+}
+
+/// A ClickHouse cluster of several nodes.
+#[derive(Debug, Clone)]
+pub struct ClickHouseClusterEnv {
+    /// Its name in the nodes' `remote_servers`.
+    pub name: String,
+    /// Every node's HTTP URL, shard by shard.
+    pub nodes: Vec<String>,
+}
+
+/// The test ClickHouse cluster (`cargo xtask services up --cluster`, and `cargo xtask test`), or
+/// `None` (skip) outside CI. See [`server_url`].
+pub fn clickhouse_cluster(test: &str) -> Option<ClickHouseClusterEnv> {
+    let name = required_var(CLICKHOUSE_CLUSTER_VAR, "the ClickHouse cluster", test)?;
+    let nodes = required_var(CLICKHOUSE_CLUSTER_NODES_VAR, "the ClickHouse cluster", test)?;
+    Some(ClickHouseClusterEnv {
+        name,
+        nodes: nodes.split(',').map(str::trim).map(str::to_owned).collect(),
+    })
 }
 
 /// The shared Postgres over verified TLS, or `None` (skip) outside CI. See [`server_url`].
@@ -289,6 +313,18 @@ macro_rules! require_clickhouse {
     ($test:expr) => {
         match $crate::clickhouse_url($test) {
             Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+/// Returns from the calling test with a printed line when the ClickHouse cluster is not
+/// configured (outside CI), and evaluates to its [`ClickHouseClusterEnv`] otherwise.
+#[macro_export]
+macro_rules! require_clickhouse_cluster {
+    ($test:expr) => {
+        match $crate::clickhouse_cluster($test) {
+            Some(cluster) => cluster,
             None => return,
         }
     };

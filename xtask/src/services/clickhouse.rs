@@ -45,6 +45,18 @@ pub struct Instance {
     pub preferred_port: u16,
     /// The command that stops it, for error messages.
     pub stop_command: &'static str,
+    /// Set for a node of the test cluster (`clickhouse_cluster.rs`); the single servers have
+    /// neither a native-protocol port nor a cluster.
+    pub cluster_node: Option<ClusterNode>,
+}
+
+/// What a cluster node's configuration has beyond a single server's.
+#[derive(Debug, Clone)]
+pub struct ClusterNode {
+    /// The native-protocol port, which the `Distributed` tables of the other nodes connect to.
+    pub tcp_port: u16,
+    /// The `<remote_servers>` element naming every node by its native port.
+    pub remote_servers: String,
 }
 
 impl Instance {
@@ -54,6 +66,7 @@ impl Instance {
             workdir: state_dir().join("clickhouse"),
             preferred_port: PREFERRED_PORT,
             stop_command: "cargo xtask services down",
+            cluster_node: None,
         }
     }
 
@@ -188,17 +201,34 @@ const USERS_XML: &str = r#"<clickhouse>
 </clickhouse>
 "#;
 
-fn config_xml(port: u16, users_xml: &std::path::Path) -> String {
+fn config_xml(port: u16, users_xml: &std::path::Path, node: Option<&ClusterNode>) -> String {
     let users_xml = users_xml.display();
+    // A cluster node: its native port, the cluster, a pool for the `Distributed` tables'
+    // background sends (the wheel runs none without one; Sheaf's inserts wait for the shards
+    // anyway), and a quarter of a single server's memory, since four of them run at once.
+    let (memory, cache, cluster) = match node {
+        None => (4_294_967_296_u64, 268_435_456_u64, String::new()),
+        Some(node) => (
+            1_073_741_824,
+            67_108_864,
+            format!(
+                "<tcp_port>{}</tcp_port>
+    <background_distributed_schedule_pool_size>2</background_distributed_schedule_pool_size>
+    {}",
+                node.tcp_port, node.remote_servers
+            ),
+        ),
+    };
     // query_log and part_log are what the benchmarks and the ClickHouse suites read;
     // the memory caps keep an embedded test server polite on a shared 24 GiB machine.
     format!(
         r#"<clickhouse>
     <listen_host>127.0.0.1</listen_host>
     <http_port>{port}</http_port>
-    <max_server_memory_usage>4294967296</max_server_memory_usage>
-    <mark_cache_size>268435456</mark_cache_size>
-    <uncompressed_cache_size>268435456</uncompressed_cache_size>
+    {cluster}
+    <max_server_memory_usage>{memory}</max_server_memory_usage>
+    <mark_cache_size>{cache}</mark_cache_size>
+    <uncompressed_cache_size>{cache}</uncompressed_cache_size>
     <user_directories>
         <users_xml><path>{users_xml}</path></users_xml>
     </user_directories>
@@ -215,6 +245,11 @@ fn config_xml(port: u16, users_xml: &std::path::Path) -> String {
 </clickhouse>
 "#
     )
+}
+
+/// The launcher; `listen` is the `SYSTEM START LISTEN …;` statements to run first.
+fn launcher(listen: &str) -> String {
+    LAUNCHER.replace("SYSTEM START LISTEN HTTP; ", listen)
 }
 
 const LAUNCHER: &str = r#"# Written by `cargo xtask services up`: serves ClickHouse over HTTP from the chdb-core wheel.
@@ -241,11 +276,11 @@ pub fn running_pid(instance: &Instance) -> Option<u32> {
     recorded_pid(&instance.pid_file(), &instance.launcher())
 }
 
-fn recorded_port(instance: &Instance) -> Option<u16> {
+pub fn recorded_port(instance: &Instance) -> Option<u16> {
     read_number(&instance.port_file())
 }
 
-fn ping(port: u16) -> bool {
+pub fn ping(port: u16) -> bool {
     matches!(http_get(port, "/ping", Duration::from_secs(2)), Ok((200, body)) if body.trim() == "Ok.")
 }
 
@@ -275,10 +310,18 @@ pub fn up_in(instance: &Instance) -> anyhow::Result<Up> {
     let port = free_port(instance.preferred_port)?;
     std::fs::write(
         workdir.join("config.xml"),
-        config_xml(port, &workdir.join("users.xml")),
+        config_xml(
+            port,
+            &workdir.join("users.xml"),
+            instance.cluster_node.as_ref(),
+        ),
     )?;
     std::fs::write(workdir.join("users.xml"), USERS_XML)?;
-    std::fs::write(instance.launcher(), LAUNCHER)?;
+    let listen = match instance.cluster_node {
+        None => "SYSTEM START LISTEN HTTP; ",
+        Some(_) => "SYSTEM START LISTEN HTTP; SYSTEM START LISTEN TCP; ",
+    };
+    std::fs::write(instance.launcher(), launcher(listen))?;
     let log_path = workdir.join("server.log");
     let log = std::fs::File::create(&log_path)?;
 

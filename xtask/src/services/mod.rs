@@ -14,12 +14,16 @@
 //! loopback ports of their own with their data in `target/xtask/`. Installing those packages
 //! must not start the system-wide brokers they ship ([`install_without_starting`]).
 //!
+//! With `--cluster` (and always for `cargo xtask test`) it also runs a ClickHouse cluster of 2
+//! shards × 2 replicas (`clickhouse_cluster.rs`) for the log store's cluster mode.
+//!
 //! For the portal's browser tests it installs Debian's Chromium (in the same apt run as the
 //! brokers) and the tests' npm packages (`browser.rs`); nothing of those runs in the background.
 
 pub mod browser;
 pub mod clickhouse;
 pub use clickhouse::venv_python;
+pub mod clickhouse_cluster;
 pub mod clickhouse_https;
 pub mod nats;
 pub mod postgres;
@@ -34,9 +38,10 @@ use std::time::Instant;
 
 /// The variables the test suites read: named once, in `sheaf-testenv`, which reads them.
 use sheaf_testenv::{
-    CLICKHOUSE_HTTPS_URL_VAR, CLICKHOUSE_URL_VAR, NATS_URL_VAR, POSTGRES_NOTLS_URL_VAR,
-    POSTGRES_TLS_URL_VAR, POSTGRES_URL_VAR, RABBITMQ_URL_VAR, TLS_CA_FILE_VAR, TLS_CERT_FILE_VAR,
-    TLS_KEY_FILE_VAR, TLS_OTHER_CA_FILE_VAR,
+    CLICKHOUSE_CLUSTER_NODES_VAR, CLICKHOUSE_CLUSTER_VAR, CLICKHOUSE_HTTPS_URL_VAR,
+    CLICKHOUSE_URL_VAR, NATS_URL_VAR, POSTGRES_NOTLS_URL_VAR, POSTGRES_TLS_URL_VAR,
+    POSTGRES_URL_VAR, RABBITMQ_URL_VAR, TLS_CA_FILE_VAR, TLS_CERT_FILE_VAR, TLS_KEY_FILE_VAR,
+    TLS_OTHER_CA_FILE_VAR,
 };
 
 /// What `up` found or started.
@@ -59,6 +64,8 @@ pub struct Started {
     pub rabbitmq: bool,
     /// The NATS server with JetStream.
     pub nats: bool,
+    /// The ClickHouse cluster's four nodes.
+    pub clickhouse_cluster: bool,
 }
 
 impl Started {
@@ -69,6 +76,7 @@ impl Started {
             || self.clickhouse_https
             || self.rabbitmq
             || self.nats
+            || self.clickhouse_cluster
     }
 }
 
@@ -101,8 +109,9 @@ pub fn env_file() -> PathBuf {
     state_dir().join("services.env")
 }
 
-/// Starts whatever is not running yet and writes the env file.
-pub fn up() -> anyhow::Result<ServicesEnv> {
+/// Starts whatever is not running yet (the ClickHouse cluster too when `cluster`) and writes
+/// the env file.
+pub fn up(cluster: bool) -> anyhow::Result<ServicesEnv> {
     std::fs::create_dir_all(state_dir()).context("cannot create target/xtask")?;
     let tls = tls::ensure().context("test certificates")?;
     let pg = postgres::up(&tls).context("postgres")?;
@@ -112,6 +121,11 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
     clickhouse::ensure_venv().context("python environment")?;
     let ch = clickhouse::up().context("clickhouse")?;
     let ch_https = clickhouse_https::up(ch.port, &tls).context("clickhouse over https")?;
+    let ch_cluster = if cluster {
+        Some(clickhouse_cluster::up().context("the clickhouse cluster")?)
+    } else {
+        None
+    };
     ensure_brokers_installed().context("the message brokers' packages")?;
     let rabbit = rabbitmq::up().context("rabbitmq")?;
     let nats = nats::up().context("nats")?;
@@ -130,6 +144,13 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
         (RABBITMQ_URL_VAR, rabbit.url),
         (NATS_URL_VAR, nats.url),
     ];
+    if let Some(up) = &ch_cluster {
+        vars.push((
+            CLICKHOUSE_CLUSTER_VAR,
+            clickhouse_cluster::CLUSTER.to_owned(),
+        ));
+        vars.push((CLICKHOUSE_CLUSTER_NODES_VAR, up.nodes.join(",")));
+    }
     vars.extend(browser);
     let env = ServicesEnv {
         vars,
@@ -140,6 +161,7 @@ pub fn up() -> anyhow::Result<ServicesEnv> {
             clickhouse_https: ch_https.started,
             rabbitmq: rabbit.started,
             nats: nats.started,
+            clickhouse_cluster: ch_cluster.is_some_and(|up| up.started),
         },
     };
     std::fs::write(env_file(), env.env_text()).context("cannot write the env file")?;
@@ -155,6 +177,7 @@ pub fn down() -> anyhow::Result<()> {
         clickhouse_https: true,
         rabbitmq: true,
         nats: true,
+        clickhouse_cluster: true,
     })
 }
 
@@ -163,7 +186,12 @@ pub fn stop(which: Started) -> anyhow::Result<()> {
     // Stop all even if one fails, then report the first failure: in the reverse order of `up`,
     // so the front goes before the server behind it.
     type Stop = fn() -> anyhow::Result<()>;
-    let steps: [(bool, &str, Stop); 6] = [
+    let steps: [(bool, &str, Stop); 7] = [
+        (
+            which.clickhouse_cluster,
+            "the clickhouse cluster",
+            clickhouse_cluster::down,
+        ),
         (which.nats, "nats", nats::down),
         (which.rabbitmq, "rabbitmq", rabbitmq::down),
         (
@@ -197,6 +225,7 @@ pub fn status() -> anyhow::Result<()> {
     postgres::status()?;
     clickhouse::status()?;
     clickhouse_https::status()?;
+    clickhouse_cluster::status()?;
     rabbitmq::status()?;
     nats::status()?;
     browser::status()?;

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sheaf_clickhouse::{ClickHouseConfig, ClickHouseLogStore};
+use sheaf_clickhouse::{ClickHouseCluster, ClickHouseConfig, ClickHouseLogStore};
 use sheaf_coalesce::WriteConfig;
 use sheaf_store::LogStore;
 
@@ -32,6 +32,25 @@ pub(super) async fn connect(
     config.user = user;
     config.password = password;
     config.ca_file = ca_file.map(Path::to_owned);
+    if let Some(name) = &settings.cluster {
+        // The nodes log in as the URL does; a login written into a node's URL is not used.
+        let nodes = settings
+            .cluster_nodes
+            .iter()
+            .map(|node| {
+                let mut node = url::Url::parse(node).map_err(|e| {
+                    anyhow::anyhow!("invalid SHEAF_CLICKHOUSE_CLUSTER_NODES entry: {e}")
+                })?;
+                let _ = node.set_username("");
+                let _ = node.set_password(None);
+                Ok(node.as_str().trim_end_matches('/').to_owned())
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        config.cluster = Some(ClickHouseCluster {
+            name: name.clone(),
+            nodes,
+        });
+    }
     let encrypted = parsed.scheme() == "https";
     // The service's own write coalescer in front of the store issues one `insert_many` at a
     // time, already gathered and bounded; the store's per-table coalescers then only ever see
@@ -46,7 +65,11 @@ pub(super) async fn connect(
         store
             .migrate()
             .await
-            .context("cannot migrate the clickhouse log tables (SHEAF_CLICKHOUSE_URL)")?;
+            .context(if settings.cluster.is_some() {
+                "cannot migrate the clickhouse log tables on every node (SHEAF_CLICKHOUSE_CLUSTER_NODES)"
+            } else {
+                "cannot migrate the clickhouse log tables (SHEAF_CLICKHOUSE_URL)"
+            })?;
     }
     if encrypted {
         tracing::info!(

@@ -182,6 +182,10 @@ pub struct ClickHouseSettings {
     pub url: Option<String>,
     /// `SHEAF_CLICKHOUSE_DATABASE`.
     pub database: String,
+    /// `SHEAF_CLICKHOUSE_CLUSTER`: the log on this cluster instead of one server.
+    pub cluster: Option<String>,
+    /// `SHEAF_CLICKHOUSE_CLUSTER_NODES`: every node's URL, when on a cluster.
+    pub cluster_nodes: Vec<String>,
 }
 
 /// Which stores the engine runs on, and each backend's settings.
@@ -225,6 +229,8 @@ impl Default for StoreConfig {
             clickhouse: ClickHouseSettings {
                 url: None,
                 database: "sheaf".to_owned(),
+                cluster: None,
+                cluster_nodes: Vec::new(),
             },
         }
     }
@@ -322,6 +328,17 @@ impl StoreConfig {
             clickhouse: ClickHouseSettings {
                 url: not_empty("SHEAF_CLICKHOUSE_URL")?,
                 database,
+                cluster: not_empty("SHEAF_CLICKHOUSE_CLUSTER")?,
+                cluster_nodes: not_empty("SHEAF_CLICKHOUSE_CLUSTER_NODES")?
+                    .map(|nodes| {
+                        nodes
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             },
         };
         config.check()?;
@@ -341,6 +358,43 @@ impl StoreConfig {
             return Err(SettingError::new(
                 "SHEAF_CLICKHOUSE_URL",
                 "is required when SHEAF_LOG_STORE is clickhouse",
+            ));
+        }
+        match (
+            &self.clickhouse.cluster,
+            self.clickhouse.cluster_nodes.is_empty(),
+        ) {
+            (Some(name), _)
+                if !is_identifier(name, 64, |b| b.is_ascii_alphanumeric() || b == b'_') =>
+            {
+                return Err(SettingError::new(
+                    "SHEAF_CLICKHOUSE_CLUSTER",
+                    format!("{name:?} is not a plain identifier"),
+                ));
+            }
+            (Some(_), true) => {
+                return Err(SettingError::new(
+                    "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+                    "is required when SHEAF_CLICKHOUSE_CLUSTER is set: every node's URL",
+                ));
+            }
+            (None, false) => {
+                return Err(SettingError::new(
+                    "SHEAF_CLICKHOUSE_CLUSTER",
+                    "is required when SHEAF_CLICKHOUSE_CLUSTER_NODES is set",
+                ));
+            }
+            _ => {}
+        }
+        if let Some(node) = self
+            .clickhouse
+            .cluster_nodes
+            .iter()
+            .find(|n| !(n.starts_with("http://") || n.starts_with("https://")))
+        {
+            return Err(SettingError::new(
+                "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+                format!("{node:?} must start with http:// or https://"),
             ));
         }
         // Job rows carry no payload: a delivery reads its event from the log store. A durable

@@ -258,6 +258,20 @@ pub const CLICKHOUSE_DATABASE: Setting = setting(
     Kind::Text("ASCII letters, digits and `_`, not starting with a digit, at most 64 bytes"),
     "ClickHouse database that holds the log's tables (created at start).",
 );
+/// `SHEAF_CLICKHOUSE_CLUSTER`.
+pub const CLICKHOUSE_CLUSTER: Setting = setting(
+    "SHEAF_CLICKHOUSE_CLUSTER",
+    None,
+    Kind::Text("a cluster name of the servers' `remote_servers`: ASCII letters, digits and `_`"),
+    "Keeps the log on a sharded ClickHouse cluster instead of one server: local tables on every node, `Distributed` tables over them sharded by `(tenant_id, event_id)`, so an event and its attempts share a shard. Needs `SHEAF_CLICKHOUSE_CLUSTER_NODES`; queries go to `SHEAF_CLICKHOUSE_URL` (any node). Unset: one server. `docs/operations.md`, \"A ClickHouse cluster\".",
+);
+/// `SHEAF_CLICKHOUSE_CLUSTER_NODES`.
+pub const CLICKHOUSE_CLUSTER_NODES: Setting = setting(
+    "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+    None,
+    Kind::Text("comma-separated `http[s]://host:port`, every replica of every shard"),
+    "Every node of `SHEAF_CLICKHOUSE_CLUSTER`: start-up creates and upgrades the local and distributed tables on each (with `SHEAF_CLICKHOUSE_URL`'s login), so a node that does not answer stops start-up. Required with `SHEAF_CLICKHOUSE_CLUSTER`.",
+);
 // Five retries spread over about seven hours ride out a deploy or a short outage without
 // hammering a receiver. The span stays well inside the memory log's three days of retention,
 // so a retry always finds its previous attempt.
@@ -867,6 +881,8 @@ pub const SETTINGS: &[Setting] = &[
     CLICKHOUSE_URL,
     POSTGRES_SCHEMA,
     CLICKHOUSE_DATABASE,
+    CLICKHOUSE_CLUSTER,
+    CLICKHOUSE_CLUSTER_NODES,
     RETRY_SCHEDULE,
     RETRY_MAX_ATTEMPTS,
     RETRY_JITTER_PERCENT,

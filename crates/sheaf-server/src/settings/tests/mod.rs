@@ -1,4 +1,8 @@
 //! The settings' own tests: defaults, refusals naming their setting, the file, the CDC source.
+//!
+//! Longer than 600 lines because each rule between settings gets its refusal checked here, next
+//! to the samples that make every setting change the configuration; the names' rules are apart
+//! in `names.rs`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -111,6 +115,11 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
     ("SHEAF_CLICKHOUSE_URL", "http://127.0.0.1:8123"),
     ("SHEAF_POSTGRES_SCHEMA", "other"),
     ("SHEAF_CLICKHOUSE_DATABASE", "other"),
+    ("SHEAF_CLICKHOUSE_CLUSTER", "other_cluster"),
+    (
+        "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+        "http://127.0.0.1:8123,http://127.0.0.1:8124",
+    ),
     ("SHEAF_SECRETS_KEY", KEY32),
     ("SHEAF_SECRETS_KEY_PREVIOUS", OTHER_KEY32),
     (
@@ -141,6 +150,14 @@ const OPERATOR_SECRET: &str = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY
 
 /// Settings that act only together with another one.
 const COMPANIONS: &[(&str, (&str, &str))] = &[
+    (
+        "SHEAF_CLICKHOUSE_CLUSTER",
+        ("SHEAF_CLICKHOUSE_CLUSTER_NODES", "http://127.0.0.1:8123"),
+    ),
+    (
+        "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+        ("SHEAF_CLICKHOUSE_CLUSTER", "sheaf_cluster"),
+    ),
     ("SHEAF_SECRETS_KEY_PREVIOUS", ("SHEAF_SECRETS_KEY", KEY32)),
     ("SHEAF_CDC_BATCH_WAIT", ("SHEAF_CDC_BATCH_SIZE", "10")),
     (
@@ -161,6 +178,8 @@ const COMPANIONS: &[(&str, (&str, &str))] = &[
 const STARTING_VALUES: &[(&str, &str)] = &[
     // No default of its own (it follows the log store's), so start from the other embedded one.
     ("SHEAF_QUEUE", "memory"),
+    ("SHEAF_CLICKHOUSE_CLUSTER", "sheaf_cluster"),
+    ("SHEAF_CLICKHOUSE_CLUSTER_NODES", "http://127.0.0.1:8123"),
     (
         "SHEAF_OPERATOR_WEBHOOK_URL",
         "https://before.example.com/sheaf",
@@ -273,6 +292,37 @@ fn invalid_values_name_their_setting() {
         ]))
         .unwrap_err();
         assert_eq!(err.setting, "SHEAF_LOG_STORE", "{err}");
+    }
+    // A cluster needs its nodes, the nodes a cluster, each an HTTP(S) URL.
+    for (pairs, named) in [
+        (
+            &[("SHEAF_CLICKHOUSE_CLUSTER", "c")][..],
+            "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+        ),
+        (
+            &[("SHEAF_CLICKHOUSE_CLUSTER_NODES", "http://127.0.0.1:8123")][..],
+            "SHEAF_CLICKHOUSE_CLUSTER",
+        ),
+        (
+            &[
+                ("SHEAF_CLICKHOUSE_CLUSTER", "a-b"),
+                ("SHEAF_CLICKHOUSE_CLUSTER_NODES", "http://127.0.0.1:8123"),
+            ][..],
+            "SHEAF_CLICKHOUSE_CLUSTER",
+        ),
+        (
+            &[
+                ("SHEAF_CLICKHOUSE_CLUSTER", "c"),
+                (
+                    "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+                    "http://127.0.0.1:8123,127.0.0.1:9000",
+                ),
+            ][..],
+            "SHEAF_CLICKHOUSE_CLUSTER_NODES",
+        ),
+    ] {
+        let err = Config::load(env(pairs)).unwrap_err();
+        assert_eq!(err.setting, named, "{pairs:?}: {err}");
     }
     let err = Config::load(env(&[("SHEAF_SQLITE_SYNC", "off")])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_SQLITE_SYNC", "{err}");
