@@ -1,5 +1,5 @@
-//! The shared-store configurations on the real servers: Postgres queue with the ClickHouse log,
-//! Postgres for both, and two `sheaf` processes (the real binary) sharing Postgres and ClickHouse.
+//! The shared-store configurations on the real servers: Postgres queue with the ClickHouse log
+//! (one server, and a cluster), Postgres for both, and two `sheaf` processes (the real binary) sharing Postgres and ClickHouse.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -39,6 +39,33 @@ async fn postgres_queue_and_clickhouse_log_deliver_every_event_through_an_outage
     }
     let report = outage_run(env, "pgch", 2_000).await;
     check_report("postgres queue + clickhouse log", &report);
+}
+
+/// The same run with the log on a ClickHouse cluster of 2 shards × 2 replicas (`cargo xtask
+/// services up --cluster`), queried through its first node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_queue_and_a_clickhouse_cluster_deliver_every_event_through_an_outage() {
+    let postgres = sheaf_testenv::require_postgres!("postgres_queue_and_a_clickhouse_cluster");
+    let cluster =
+        sheaf_testenv::require_clickhouse_cluster!("postgres_queue_and_a_clickhouse_cluster");
+    let schema = sheaf_testenv::unique_name("srv");
+    let database = sheaf_testenv::unique_name("srv");
+    let nodes = cluster.nodes.join(",");
+    let mut env = env_with(&OUTAGE_SETTINGS);
+    for (k, v) in [
+        ("SHEAF_QUEUE", "postgres"),
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", cluster.nodes[0].as_str()),
+        ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
+        ("SHEAF_CLICKHOUSE_CLUSTER", cluster.name.as_str()),
+        ("SHEAF_CLICKHOUSE_CLUSTER_NODES", nodes.as_str()),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let report = outage_run(env, "pgchc", 2_000).await;
+    check_report("postgres queue + clickhouse cluster log", &report);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
