@@ -60,9 +60,31 @@ pub struct ClickHouseConfig {
 pub struct ClickHouseCluster {
     /// The cluster's name in the servers' `remote_servers`.
     pub name: String,
-    /// Every node's HTTP endpoint (every replica of every shard): migrations run on each,
-    /// since they create the local tables. Same login, CA file and settings as the store's.
+    /// Every node's HTTP endpoint (every replica of every shard): with
+    /// [`ClusterReplication::Distributed`] migrations run on each, since they create the local
+    /// tables. Same login, CA file and settings as the store's. Unused (may be empty) with
+    /// [`ClusterReplication::Replicated`].
     pub nodes: Vec<String>,
+    /// Who copies a shard's rows to its replicas.
+    pub replication: ClusterReplication,
+}
+
+/// How a cluster's replicas get their rows, which decides the local tables' engine and how the
+/// schema reaches the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClusterReplication {
+    /// The `Distributed` table writes every replica itself (the cluster's
+    /// `internal_replication` off); the local tables are `ReplacingMergeTree`, created node by
+    /// node from [`ClickHouseCluster::nodes`]. Needs nothing but the servers; an insert needs
+    /// every replica up.
+    #[default]
+    Distributed,
+    /// The servers replicate (`internal_replication` on): the local tables are
+    /// `ReplicatedReplacingMergeTree` at `/clickhouse/tables/{shard}/<database>/<table>` with
+    /// replica `{replica}` (the servers' macros), and the schema is created with `ON CLUSTER`
+    /// DDL from [`ClickHouseConfig::url`] alone. Needs ClickHouse Keeper and the two macros on
+    /// every node; an insert needs one replica per shard.
+    Replicated,
 }
 
 impl ClickHouseConfig {
@@ -95,7 +117,7 @@ impl ClickHouseConfig {
         validate_url("url", &self.url)?;
         if let Some(cluster) = &self.cluster {
             validate_identifier("cluster name", &cluster.name)?;
-            if cluster.nodes.is_empty() {
+            if cluster.nodes.is_empty() && cluster.replication == ClusterReplication::Distributed {
                 return Err(Error::invalid_input(
                     "clickhouse cluster nodes must list every node's HTTP URL; none was given",
                 ));
@@ -237,6 +259,14 @@ mod tests {
                 "http://127.0.0.1:8123".into(),
                 "http://127.0.0.1:8124".into(),
             ],
+            replication: ClusterReplication::Distributed,
+        });
+        assert!(config.validate().is_ok());
+        // The servers replicate and take ON CLUSTER DDL: no node list needed.
+        config.cluster = Some(ClickHouseCluster {
+            name: "sheaf".into(),
+            nodes: vec![],
+            replication: ClusterReplication::Replicated,
         });
         assert!(config.validate().is_ok());
         for (name, nodes, named) in [
@@ -247,6 +277,7 @@ mod tests {
             config.cluster = Some(ClickHouseCluster {
                 name: name.into(),
                 nodes: nodes.into_iter().map(String::from).collect(),
+                replication: ClusterReplication::Distributed,
             });
             let err = config.validate().unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidInput);

@@ -13,5 +13,5 @@ mod store;
 mod tuning;
 mod write;
 
-pub use config::{ClickHouseCluster, ClickHouseConfig};
+pub use config::{ClickHouseCluster, ClickHouseConfig, ClusterReplication};
 pub use store::ClickHouseLogStore;

@@ -11,6 +11,12 @@
 //! needs a coordination service (ClickHouse Keeper) that not every cluster runs, and each
 //! statement is idempotent, so a node that was down catches up on the next start.
 //!
+//! **A cluster whose servers replicate** ([`ClusterReplication::Replicated`]): the same
+//! statements once, through [`ClickHouseConfig::url`](crate::ClickHouseConfig::url), with
+//! `ON CLUSTER` and `ReplicatedReplacingMergeTree` local tables (`schema.rs`, `replicated`), and
+//! `schema_migrations` replicated to every node. This is for a real clickhouse-server cluster
+//! with Keeper; the wheel the suites run cannot host it, so only its DDL text is tested.
+//!
 //! Rows are sharded by `sipHash64(tenant_id, event_id)`: an event and every attempt at it live on
 //! one shard. The reads depend on that. Deduplicating copies not merged yet, the latest attempt
 //! of a key and a listing's keys are all found by a subquery on the same table, which each shard
@@ -22,7 +28,7 @@
 use clickhouse::Client;
 use sheaf_store::Result;
 
-use crate::config::ClickHouseCluster;
+use crate::config::{ClickHouseCluster, ClusterReplication};
 use crate::schema;
 use crate::store::{ClickHouseLogStore, clients};
 
@@ -32,20 +38,23 @@ pub(crate) const CLUSTER_SETTINGS: &[(&str, &str)] = &[
     ("distributed_foreground_insert", "1"),
 ];
 
-/// Which names the log tables get on a node.
+/// Which names the log tables get, and how the DDL reaches the nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
+enum Layout<'a> {
     /// One server: `events`, `attempts`.
     Single,
     /// A cluster node: `events_local`, `attempts_local`, under `Distributed` tables.
     Local,
+    /// Every node of the named cluster at once, `ON CLUSTER`, the local tables replicated.
+    Replicated(&'a str),
 }
 
-impl Layout {
+impl Layout<'_> {
     fn table(self, table: &str) -> String {
         match self {
             Layout::Single => table.to_owned(),
             Layout::Local => format!("{table}_local"),
+            Layout::Replicated(cluster) => format!("{table}_local ON CLUSTER {cluster}"),
         }
     }
 
@@ -53,6 +62,23 @@ impl Layout {
         match self {
             Layout::Single => schema::render(statement, database),
             Layout::Local => schema::render(&schema::localized(statement), database),
+            Layout::Replicated(cluster) => {
+                schema::render(&schema::replicated(statement, cluster), database)
+            }
+        }
+    }
+
+    /// `CREATE DATABASE`, and the `schema_migrations` table.
+    fn bootstrap(self, database: &str) -> (String, String) {
+        match self {
+            Layout::Replicated(cluster) => (
+                format!("CREATE DATABASE IF NOT EXISTS {database} ON CLUSTER {cluster}"),
+                schema::render(&schema::replicated_migrations_table(cluster), database),
+            ),
+            _ => (
+                format!("CREATE DATABASE IF NOT EXISTS {database}"),
+                schema::render(schema::CREATE_MIGRATIONS_TABLE, database),
+            ),
         }
     }
 }
@@ -70,28 +96,31 @@ impl ClickHouseLogStore {
                 .migrate_node(&self.admin, &self.client, Layout::Single)
                 .await;
         };
+        if cluster.replication == ClusterReplication::Replicated {
+            let layout = Layout::Replicated(&cluster.name);
+            self.migrate_node(&self.admin, &self.client, layout).await?;
+            return self.distribute(&self.client, cluster, true).await;
+        }
         for node in &cluster.nodes {
             let (admin, client) = clients(&self.config, node)?;
             self.migrate_node(&admin, &client, Layout::Local).await?;
-            self.distribute(&client, cluster).await?;
+            self.distribute(&client, cluster, false).await?;
         }
         Ok(())
     }
 
-    async fn migrate_node(&self, admin: &Client, client: &Client, layout: Layout) -> Result<()> {
+    async fn migrate_node(
+        &self,
+        admin: &Client,
+        client: &Client,
+        layout: Layout<'_>,
+    ) -> Result<()> {
         let db = &self.config.database;
-        self.execute_on(
-            admin,
-            "create the database",
-            &format!("CREATE DATABASE IF NOT EXISTS {db}"),
-        )
-        .await?;
-        self.execute_on(
-            client,
-            "create schema_migrations",
-            &schema::render(schema::CREATE_MIGRATIONS_TABLE, db),
-        )
-        .await?;
+        let (database, migrations) = layout.bootstrap(db);
+        self.execute_on(admin, "create the database", &database)
+            .await?;
+        self.execute_on(client, "create schema_migrations", &migrations)
+            .await?;
         let applied: Vec<u32> = self
             .timed(
                 "read schema_migrations",
@@ -124,7 +153,7 @@ impl ClickHouseLogStore {
     }
 
     /// Sets, changes or removes the TTL of both tables so it matches the configuration.
-    async fn apply_retention(&self, client: &Client, layout: Layout) -> Result<()> {
+    async fn apply_retention(&self, client: &Client, layout: Layout<'_>) -> Result<()> {
         let tables: Vec<(String, String)> = self
             .timed(
                 "read table definitions",
@@ -136,11 +165,15 @@ impl ClickHouseLogStore {
             .await?;
         let seconds = self.config.retention.map(|r| r.as_secs());
         for (table, column) in schema::RETAINED_TABLES {
+            let name = match layout {
+                Layout::Single => (*table).to_owned(),
+                _ => format!("{table}_local"),
+            };
             let table = layout.table(table);
             let wanted = seconds.map(|s| schema::ttl_expression(column, s));
             let current = tables
                 .iter()
-                .find(|(name, _)| *name == table)
+                .find(|(found, _)| *found == name)
                 .map(|(_, engine)| engine.as_str())
                 .unwrap_or_default();
             if schema::ttl_is_current(current, wanted.as_deref()) {
@@ -160,16 +193,22 @@ impl ClickHouseLogStore {
         Ok(())
     }
 
-    /// Makes `events` and `attempts` on this node `Distributed` tables with their local
-    /// tables' columns: created if missing, replaced if a migration changed the local columns.
-    async fn distribute(&self, client: &Client, cluster: &ClickHouseCluster) -> Result<()> {
+    /// Makes `events` and `attempts` on this node (on every node, `on_cluster`) `Distributed`
+    /// tables with their local tables' columns: created if missing, replaced if a migration
+    /// changed the local columns.
+    async fn distribute(
+        &self,
+        client: &Client,
+        cluster: &ClickHouseCluster,
+        on_cluster: bool,
+    ) -> Result<()> {
         let db = &self.config.database;
         for (table, _) in schema::RETAINED_TABLES {
             let local = self.columns(client, &Layout::Local.table(table)).await?;
             if self.columns(client, table).await? == local {
                 continue;
             }
-            let statement = schema::distributed_table(db, &cluster.name, table, &local);
+            let statement = schema::distributed_table(db, &cluster.name, table, &local, on_cluster);
             self.execute_on(client, "create a distributed table", &statement)
                 .await?;
             tracing::info!(database = %db, table = %table, cluster = %cluster.name, "created the distributed table");

@@ -136,6 +136,43 @@ pub(crate) fn localized(statement: &str) -> String {
         })
 }
 
+/// `statement` for a cluster whose servers replicate: [`localized`], run once with `ON CLUSTER
+/// cluster`, its `ReplacingMergeTree` a `ReplicatedReplacingMergeTree` in Keeper at
+/// `/clickhouse/tables/{shard}/<database>/<table>` with replica `{replica}` (macros every node
+/// defines). Each log table statement names its table once, right after `TABLE`.
+pub(crate) fn replicated(statement: &str, cluster: &str) -> String {
+    let mut statement = localized(statement);
+    for (table, _) in RETAINED_TABLES {
+        let local = format!("{{db}}.{table}_local");
+        if !statement.contains(&local) {
+            continue;
+        }
+        statement = statement
+            .replacen(&local, &format!("{local} ON CLUSTER {cluster}"), 1)
+            .replace(
+                "ENGINE = ReplacingMergeTree",
+                &format!(
+                    "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{{shard}}/{{db}}/{table}_local', '{{replica}}')"
+                ),
+            );
+    }
+    statement
+}
+
+/// [`CREATE_MIGRATIONS_TABLE`] on a replicating cluster: one table replicated to every node, so
+/// whichever node a process migrates through knows what was applied.
+pub(crate) fn replicated_migrations_table(cluster: &str) -> String {
+    CREATE_MIGRATIONS_TABLE
+        .replace(
+            "{db}.schema_migrations",
+            &format!("{{db}}.schema_migrations ON CLUSTER {cluster}"),
+        )
+        .replace(
+            "ENGINE = ReplacingMergeTree",
+            "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{db}/schema_migrations', '{replica}')",
+        )
+}
+
 /// One column of `system.columns` as DDL: its name quoted, its type and its default.
 pub(crate) fn column_ddl(name: &str, kind: &str, default_kind: &str, default: &str) -> String {
     let name = name.replace('`', "\\`");
@@ -149,14 +186,22 @@ pub(crate) fn column_ddl(name: &str, kind: &str, default_kind: &str, default: &s
 /// The `Distributed` table `table` over `{table}_local` on cluster `cluster`, with `columns`
 /// (the local table's, [`column_ddl`]), sharded so that an event and its attempts share a
 /// shard. `CREATE OR REPLACE` swaps it atomically when a migration changed the columns.
+/// `on_cluster` adds `ON CLUSTER cluster` (a replicating cluster creates it on every node at
+/// once).
 pub(crate) fn distributed_table(
     database: &str,
     cluster: &str,
     table: &str,
     columns: &[String],
+    on_cluster: bool,
 ) -> String {
+    let on = if on_cluster {
+        format!(" ON CLUSTER {cluster}")
+    } else {
+        String::new()
+    };
     format!(
-        "CREATE OR REPLACE TABLE {database}.{table} ({}) \
+        "CREATE OR REPLACE TABLE {database}.{table}{on} ({}) \
          ENGINE = Distributed({cluster}, {database}, {table}_local, sipHash64(tenant_id, event_id))",
         columns.join(", ")
     )
@@ -180,6 +225,41 @@ pub(crate) fn ttl_is_current(engine_full: &str, wanted: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Written for a real clickhouse-server cluster with Keeper, which cannot run here: the text
+    /// is all that can be checked.
+    #[test]
+    fn a_replicating_cluster_gets_on_cluster_ddl_and_replicated_engines() {
+        let events = render(&replicated(MIGRATIONS[0].statements[0], "prod"), "db");
+        assert!(
+            events.contains("CREATE TABLE IF NOT EXISTS db.events_local ON CLUSTER prod\n("),
+            "{events}"
+        );
+        assert!(
+            events.contains(
+                "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/db/events_local', '{replica}')"
+            ),
+            "{events}"
+        );
+        for migration in MIGRATIONS {
+            for statement in migration.statements {
+                let sql = render(&replicated(statement, "prod"), "db");
+                assert_eq!(sql.matches("ON CLUSTER prod").count(), 1, "{sql}");
+                assert!(!sql.contains("ENGINE = ReplacingMergeTree"), "{sql}");
+            }
+        }
+        let migrations = render(&replicated_migrations_table("prod"), "db");
+        assert!(
+            migrations.contains("db.schema_migrations ON CLUSTER prod"),
+            "{migrations}"
+        );
+        assert!(
+            migrations.contains("ReplicatedReplacingMergeTree('/clickhouse/tables/all/db/schema_migrations', '{replica}')"),
+            "{migrations}"
+        );
+        let distributed = distributed_table("db", "prod", "events", &["`x` String".into()], true);
+        assert!(distributed.starts_with("CREATE OR REPLACE TABLE db.events ON CLUSTER prod ("));
+    }
 
     #[test]
     fn a_cluster_node_gets_every_log_table_statement_on_its_local_table() {
@@ -208,6 +288,7 @@ mod tests {
                 column_ddl("tenant_id", "String", "", ""),
                 column_ddl("t", "String", "DEFAULT", "''"),
             ],
+            false,
         );
         assert_eq!(
             ddl,

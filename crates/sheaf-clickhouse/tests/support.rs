@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use clickhouse::Client;
-use sheaf_clickhouse::{ClickHouseCluster, ClickHouseConfig, ClickHouseLogStore};
+use sheaf_clickhouse::{
+    ClickHouseCluster, ClickHouseConfig, ClickHouseLogStore, ClusterReplication,
+};
 use sheaf_testenv::ClickHouseClusterEnv;
 use sheaf_testenv::clickhouse::drop_database_blocking;
 
@@ -41,6 +43,7 @@ impl TestDb {
         config.cluster = self.cluster.as_ref().map(|c| ClickHouseCluster {
             name: c.name.clone(),
             nodes: c.nodes.clone(),
+            replication: ClusterReplication::Distributed,
         });
         config
     }

@@ -4,11 +4,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sheaf_clickhouse::{ClickHouseCluster, ClickHouseConfig, ClickHouseLogStore};
+use sheaf_clickhouse::{
+    ClickHouseCluster, ClickHouseConfig, ClickHouseLogStore, ClusterReplication,
+};
 use sheaf_coalesce::WriteConfig;
 use sheaf_store::LogStore;
 
-use super::ClickHouseSettings;
+use super::{ClickHouseReplication, ClickHouseSettings};
 
 /// The URL may carry `user:password@`; the store takes them as separate fields.
 pub(super) async fn connect(
@@ -49,6 +51,10 @@ pub(super) async fn connect(
         config.cluster = Some(ClickHouseCluster {
             name: name.clone(),
             nodes,
+            replication: match settings.cluster_replication {
+                ClickHouseReplication::Distributed => ClusterReplication::Distributed,
+                ClickHouseReplication::Replicated => ClusterReplication::Replicated,
+            },
         });
     }
     let encrypted = parsed.scheme() == "https";

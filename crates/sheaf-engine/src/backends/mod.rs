@@ -147,6 +147,23 @@ impl SqliteSync {
     pub const WORDS: &[(&str, Self)] = &[("normal", Self::Normal), ("full", Self::Full)];
 }
 
+/// Who copies a ClickHouse cluster's rows to its replicas (`SHEAF_CLICKHOUSE_CLUSTER_REPLICATION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClickHouseReplication {
+    /// The `Distributed` tables write every replica; Sheaf migrates every node.
+    Distributed,
+    /// The servers replicate (`ReplicatedReplacingMergeTree`); Sheaf migrates `ON CLUSTER`.
+    Replicated,
+}
+
+impl ClickHouseReplication {
+    /// The word of each mode, as `SHEAF_CLICKHOUSE_CLUSTER_REPLICATION` takes it.
+    pub const WORDS: &[(&str, Self)] = &[
+        ("distributed", Self::Distributed),
+        ("replicated", Self::Replicated),
+    ];
+}
+
 /// The SQLite store's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteSettings {
@@ -186,6 +203,8 @@ pub struct ClickHouseSettings {
     pub cluster: Option<String>,
     /// `SHEAF_CLICKHOUSE_CLUSTER_NODES`: every node's URL, when on a cluster.
     pub cluster_nodes: Vec<String>,
+    /// `SHEAF_CLICKHOUSE_CLUSTER_REPLICATION`.
+    pub cluster_replication: ClickHouseReplication,
 }
 
 /// Which stores the engine runs on, and each backend's settings.
@@ -231,6 +250,7 @@ impl Default for StoreConfig {
                 database: "sheaf".to_owned(),
                 cluster: None,
                 cluster_nodes: Vec::new(),
+                cluster_replication: ClickHouseReplication::Distributed,
             },
         }
     }
@@ -339,6 +359,12 @@ impl StoreConfig {
                             .collect()
                     })
                     .unwrap_or_default(),
+                cluster_replication: choice(
+                    source,
+                    "SHEAF_CLICKHOUSE_CLUSTER_REPLICATION",
+                    ClickHouseReplication::WORDS,
+                )?
+                .unwrap_or(ClickHouseReplication::Distributed),
             },
         };
         config.check()?;
@@ -372,10 +398,12 @@ impl StoreConfig {
                     format!("{name:?} is not a plain identifier"),
                 ));
             }
-            (Some(_), true) => {
+            (Some(_), true)
+                if self.clickhouse.cluster_replication == ClickHouseReplication::Distributed =>
+            {
                 return Err(SettingError::new(
                     "SHEAF_CLICKHOUSE_CLUSTER_NODES",
-                    "is required when SHEAF_CLICKHOUSE_CLUSTER is set: every node's URL",
+                    "is required when SHEAF_CLICKHOUSE_CLUSTER is set with SHEAF_CLICKHOUSE_CLUSTER_REPLICATION=distributed: every node's URL",
                 ));
             }
             (None, false) => {

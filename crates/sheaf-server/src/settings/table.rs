@@ -272,6 +272,13 @@ pub const CLICKHOUSE_CLUSTER_NODES: Setting = setting(
     Kind::Text("comma-separated `http[s]://host:port`, every replica of every shard"),
     "Every node of `SHEAF_CLICKHOUSE_CLUSTER`: start-up creates and upgrades the local and distributed tables on each (with `SHEAF_CLICKHOUSE_URL`'s login), so a node that does not answer stops start-up. Required with `SHEAF_CLICKHOUSE_CLUSTER`.",
 );
+/// `SHEAF_CLICKHOUSE_CLUSTER_REPLICATION`.
+pub const CLICKHOUSE_CLUSTER_REPLICATION: Setting = setting(
+    "SHEAF_CLICKHOUSE_CLUSTER_REPLICATION",
+    Some("distributed"),
+    Kind::OneOf(&["distributed", "replicated"]),
+    "Who copies a shard's rows to its replicas on `SHEAF_CLICKHOUSE_CLUSTER`. `distributed`: the `Distributed` tables write every replica (the cluster's `internal_replication` off), the local tables are `ReplacingMergeTree` and start-up creates them on every node of `SHEAF_CLICKHOUSE_CLUSTER_NODES`; an insert needs every replica up. `replicated`: the servers replicate (`internal_replication` on), the local tables are `ReplicatedReplacingMergeTree` and start-up creates them with `ON CLUSTER` DDL through `SHEAF_CLICKHOUSE_URL`; needs ClickHouse Keeper and the `{shard}` and `{replica}` macros on every node, and no node list. Not run in Sheaf's own tests (their ClickHouse cannot replicate).",
+);
 // Five retries spread over about seven hours ride out a deploy or a short outage without
 // hammering a receiver. The span stays well inside the memory log's three days of retention,
 // so a retry always finds its previous attempt.
@@ -883,6 +890,7 @@ pub const SETTINGS: &[Setting] = &[
     CLICKHOUSE_DATABASE,
     CLICKHOUSE_CLUSTER,
     CLICKHOUSE_CLUSTER_NODES,
+    CLICKHOUSE_CLUSTER_REPLICATION,
     RETRY_SCHEDULE,
     RETRY_MAX_ATTEMPTS,
     RETRY_JITTER_PERCENT,

@@ -158,6 +158,14 @@ const COMPANIONS: &[(&str, (&str, &str))] = &[
         "SHEAF_CLICKHOUSE_CLUSTER_NODES",
         ("SHEAF_CLICKHOUSE_CLUSTER", "sheaf_cluster"),
     ),
+    (
+        "SHEAF_CLICKHOUSE_CLUSTER_REPLICATION",
+        ("SHEAF_CLICKHOUSE_CLUSTER", "sheaf_cluster"),
+    ),
+    (
+        "SHEAF_CLICKHOUSE_CLUSTER_REPLICATION",
+        ("SHEAF_CLICKHOUSE_CLUSTER_NODES", "http://127.0.0.1:8123"),
+    ),
     ("SHEAF_SECRETS_KEY_PREVIOUS", ("SHEAF_SECRETS_KEY", KEY32)),
     ("SHEAF_CDC_BATCH_WAIT", ("SHEAF_CDC_BATCH_SIZE", "10")),
     (
@@ -324,6 +332,12 @@ fn invalid_values_name_their_setting() {
         let err = Config::load(env(pairs)).unwrap_err();
         assert_eq!(err.setting, named, "{pairs:?}: {err}");
     }
+    // Servers that replicate take the schema ON CLUSTER through the URL: no node list.
+    Config::load(env(&[
+        ("SHEAF_CLICKHOUSE_CLUSTER", "c"),
+        ("SHEAF_CLICKHOUSE_CLUSTER_REPLICATION", "replicated"),
+    ]))
+    .unwrap();
     let err = Config::load(env(&[("SHEAF_SQLITE_SYNC", "off")])).unwrap_err();
     assert_eq!(err.setting, "SHEAF_SQLITE_SYNC", "{err}");
     let err = Config::load(env(&[("SHEAF_DATA_DIR", "")])).unwrap_err();

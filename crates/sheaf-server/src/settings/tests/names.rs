@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sheaf_engine::backends::SqliteSync;
+use sheaf_engine::backends::{ClickHouseReplication, SqliteSync};
 use sheaf_engine::{LogStoreKind, QueueKind};
 
 use super::super::*;
@@ -242,6 +242,10 @@ fn every_word_of_a_choice_maps_to_its_variant_by_name() {
     check(&table::QUEUE, QueueKind::WORDS);
     check(&table::LOG_FORMAT, names::LOG_FORMAT_WORDS);
     check(&table::SQLITE_SYNC, SqliteSync::WORDS);
+    check(
+        &table::CLICKHOUSE_CLUSTER_REPLICATION,
+        ClickHouseReplication::WORDS,
+    );
     // The store words are read by the engine: each loads as the engine's own variant.
     let servers = [
         ("SHEAF_POSTGRES_URL", "postgres://sheaf@127.0.0.1/sheaf"),
@@ -270,13 +274,25 @@ fn every_word_of_a_choice_maps_to_its_variant_by_name() {
         let config = Config::load(env(&[("SHEAF_SQLITE_SYNC", word)])).unwrap();
         assert_eq!(config.engine.stores.sqlite.sync, *sync, "{word}");
     }
+    for (word, replication) in ClickHouseReplication::WORDS {
+        let config = Config::load(env(&[
+            ("SHEAF_CLICKHOUSE_CLUSTER", "c"),
+            ("SHEAF_CLICKHOUSE_CLUSTER_NODES", "http://127.0.0.1:8123"),
+            ("SHEAF_CLICKHOUSE_CLUSTER_REPLICATION", word),
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.engine.stores.clickhouse.cluster_replication, *replication,
+            "{word}"
+        );
+    }
     // Every one-of setting is checked above.
     let choices = SETTINGS
         .iter()
         .filter(|s| matches!(s.kind, Kind::OneOf(_)))
         .count();
     assert_eq!(
-        choices, 4,
+        choices, 5,
         "a new one-of setting needs its binding checked here"
     );
 }
