@@ -15,6 +15,13 @@ use rustls::{
 };
 
 /// The crypto provider of every Sheaf connection: ring.
+///
+/// rustls 0.23.48 deprecates its ring provider because ring offers no post-quantum key
+/// exchange; its other provider, aws-lc-rs, needs a C and assembler toolchain to build. Sheaf
+/// keeps ring (one TLS stack, built from Rust alone on any machine) and allows the deprecation
+/// here, in the one place that picks the provider; moving to a post-quantum key exchange is a
+/// decision of its own, not a side effect of an update.
+#[allow(deprecated)]
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -79,14 +79,12 @@ impl HttpsReceiver {
             .collect::<Result<_, _>>()
             .expect("the test certificate parses");
         let key = PrivateKeyDer::from_pem_file(key).expect("the test key reads");
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .expect("the test certificate and key match");
+        let config = rustls::ServerConfig::builder_with_provider(sheaf_tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("the test certificate and key match");
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind(bind).await.expect("the receiver binds");
         let addr = listener.local_addr().unwrap();
