@@ -9,19 +9,29 @@
 //!   manual, `wal_level = logical`, the same `sheaf` role and a `sheaf_chaos` database);
 //! - a ClickHouse server in `target/xtask/chaos-clickhouse/`, the same launcher and
 //!   configuration as the shared one, on a port of its own that stays the same across the
-//!   stops and starts of a run.
+//!   stops and starts of a run;
+//! - a ClickHouse cluster of 2 shards × 2 replicas in `target/xtask/chaos-clickhouse-cluster/`
+//!   (`services/clickhouse_cluster.rs`, the same nodes as `services up --cluster` runs, cluster
+//!   `sheaf_chaos`), for the `clickhouse-replica` scenario alone. Its ports are chosen before the
+//!   binary runs, so its URLs can be handed over with the others, but its four processes start
+//!   only when that scenario asks (`chaos-ctl clickhouse-cluster up`) and stop when it ends:
+//!   the other scenarios never pay for them.
 //!
 //! `chaos` takes a lock (one run at a time: runs share those servers), builds `sheaf` and
 //! `sheaf-chaos`, copies both and this binary into `target/xtask/chaos/bin/` (so a rebuild by
 //! someone else during a run cannot swap the `sheaf` under a scenario), starts the servers,
 //! runs `sheaf-chaos` with their URLs, and stops the servers at the end, also when a scenario
 //! fails. The binary injects its faults by running that copy of xtask as
-//! `chaos-ctl postgres stop|start|restart` and `chaos-ctl clickhouse stop|start`. It records
+//! `chaos-ctl postgres stop|start|restart`, `chaos-ctl clickhouse stop|start` and
+//! `chaos-ctl clickhouse-cluster up|down|kill NODE|start NODE` (`kill` is a SIGKILL by the
+//! node's recorded PID; `start` brings that node back with its configuration, ports and data,
+//! its work directory untouched). It records
 //! the PID of every `sheaf` it spawns; any still alive after it exits are stopped here, by PID.
 
 use crate::process::{
     pid_alive, pid_cmdline, run_captured, run_step, state_dir, stop_pid, target_dir, workspace_root,
 };
+use crate::services::clickhouse_cluster::{self, Layout};
 use crate::services::{clickhouse, postgres};
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
@@ -37,9 +47,13 @@ const DATABASE: &str = "sheaf_chaos";
 /// Ports tried first when the cluster is created and when ClickHouse starts the first time.
 const POSTGRES_PREFERRED_PORT: u16 = 15433;
 const CLICKHOUSE_PREFERRED_PORT: u16 = 18124;
+/// The fault suite's ClickHouse cluster's name in its nodes' `remote_servers`.
+const CLICKHOUSE_CLUSTER: &str = "sheaf_chaos";
 
 /// The variables `sheaf-chaos` reads (see docs/configuration.md).
 use sheaf_testenv::{
+    CHAOS_CLICKHOUSE_CLUSTER_NODES_VAR as CLICKHOUSE_CLUSTER_NODES_VAR,
+    CHAOS_CLICKHOUSE_CLUSTER_VAR as CLICKHOUSE_CLUSTER_VAR,
     CHAOS_CLICKHOUSE_URL_VAR as CLICKHOUSE_URL_VAR, CHAOS_CTL_VAR as CTL_VAR,
     CHAOS_DIR_VAR as DIR_VAR, CHAOS_POSTGRES_URL_VAR as POSTGRES_URL_VAR,
     CHAOS_SHEAF_BIN_VAR as SHEAF_BIN_VAR,
@@ -78,6 +92,17 @@ fn clickhouse_instance() -> clickhouse::Instance {
         preferred_port: recorded_clickhouse_port().unwrap_or(CLICKHOUSE_PREFERRED_PORT),
         stop_command: "cargo xtask chaos-ctl clickhouse stop",
         cluster_node: None,
+    }
+}
+
+/// The fault suite's ClickHouse cluster: its own directories and ports, never the shared one's.
+fn cluster_layout() -> Layout {
+    Layout {
+        cluster: CLICKHOUSE_CLUSTER,
+        base_dir: state_dir().join("chaos-clickhouse-cluster"),
+        preferred_http_port: 18141,
+        preferred_tcp_port: 19141,
+        stop_command: "cargo xtask chaos-ctl clickhouse-cluster down",
     }
 }
 
@@ -143,8 +168,18 @@ pub fn ctl(args: &[&str]) -> anyhow::Result<ExitCode> {
         ["clickhouse", "start"] => {
             start_clickhouse()?;
         }
+        ["clickhouse-cluster", "up"] => {
+            clickhouse_cluster::up_planned(&cluster_layout())?;
+        }
+        ["clickhouse-cluster", "down"] => clickhouse_cluster::down_in(&cluster_layout())?,
+        ["clickhouse-cluster", "kill", node] => {
+            clickhouse_cluster::kill_node(&cluster_layout(), node)?;
+        }
+        ["clickhouse-cluster", "start", node] => {
+            clickhouse_cluster::start_node_named(&cluster_layout(), node)?;
+        }
         _ => bail!(
-            "usage: cargo xtask chaos-ctl postgres stop|start|restart | clickhouse stop|start (got `{}`)",
+            "usage: cargo xtask chaos-ctl postgres stop|start|restart | clickhouse stop|start | clickhouse-cluster up|down|kill NODE|start NODE (got `{}`)",
             args.join(" ")
         ),
     }
@@ -243,19 +278,26 @@ fn copy_binary(from: &Path, name: &str) -> anyhow::Result<PathBuf> {
     Ok(to)
 }
 
-/// The URLs of the running servers.
+/// The URLs of the running servers, and of the cluster's nodes once started.
 #[derive(Debug)]
 struct Urls {
     postgres: String,
     clickhouse: String,
+    clickhouse_cluster: Vec<String>,
 }
 
+/// Starts Postgres and ClickHouse, and plans the ClickHouse cluster (ports chosen, nothing
+/// started: the scenario that needs it starts it).
 fn start_servers() -> anyhow::Result<Urls> {
     let postgres = start_postgres().context("the fault suite's postgres")?;
     let clickhouse = start_clickhouse().context("the fault suite's clickhouse")?;
+    let clickhouse_cluster = clickhouse_cluster::plan(&cluster_layout())
+        .context("the fault suite's clickhouse cluster")?
+        .urls();
     Ok(Urls {
         postgres,
         clickhouse,
+        clickhouse_cluster,
     })
 }
 
@@ -302,8 +344,10 @@ fn start_clickhouse() -> anyhow::Result<String> {
     Ok(up.url)
 }
 
-/// Stops both servers (they are the fault suite's alone); tries both, reports the first error.
+/// Stops the servers (they are the fault suite's alone), the cluster's nodes too if a scenario
+/// left one running; tries all, reports the first error.
 fn stop_servers() -> anyhow::Result<()> {
+    let cluster = clickhouse_cluster::down_in(&cluster_layout());
     let ch = clickhouse::down_in(&clickhouse_instance());
     let pg = match chaos_cluster() {
         Ok(Some(cluster)) if cluster.online => {
@@ -316,6 +360,7 @@ fn stop_servers() -> anyhow::Result<()> {
         Ok(_) => Ok(()),
         Err(err) => Err(err),
     };
+    cluster.context("clickhouse cluster")?;
     ch.context("clickhouse")?;
     pg.context("postgres")?;
     Ok(())
@@ -329,6 +374,11 @@ fn run_binary(bins: &Bins, urls: &Urls, names: &[&str], quick: bool) -> anyhow::
         .env(SHEAF_BIN_VAR, &bins.sheaf)
         .env(POSTGRES_URL_VAR, &urls.postgres)
         .env(CLICKHOUSE_URL_VAR, &urls.clickhouse)
+        .env(CLICKHOUSE_CLUSTER_VAR, CLICKHOUSE_CLUSTER)
+        .env(
+            CLICKHOUSE_CLUSTER_NODES_VAR,
+            urls.clickhouse_cluster.join(","),
+        )
         .env(CTL_VAR, &bins.ctl)
         .env(DIR_VAR, chaos_dir());
     if quick {

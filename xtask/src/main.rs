@@ -33,10 +33,14 @@ commands:
                      burst, cdc, destinations, memory), services down; results in target/bench/<scenario>.json and .svg
   chaos SCENARIO…|all [--quick]
                      the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
-                     target/xtask/chaos-clickhouse), started and stopped around it: kill, ordering,
-                     postgres, clickhouse, shutdown, cdc, broker
+                     target/xtask/chaos-clickhouse, and a 2x2 ClickHouse cluster in
+                     target/xtask/chaos-clickhouse-cluster for clickhouse-replica alone), started and
+                     stopped around it: kill, ordering, postgres, clickhouse, clickhouse-replica,
+                     shutdown, cdc, broker, outage, disabled, overload, secrets, sqlite
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
-                     stop or start the fault suite's own servers (its scenarios call this)
+  chaos-ctl clickhouse-cluster up|down|kill NODE|start NODE
+                     stop or start the fault suite's own servers (its scenarios call this); NODE is
+                     shard1-replica1 … shard2-replica2, killed with SIGKILL, started with its data
   package [--no-verify]
                      `cargo package` of every publishable crate (publish not false in cargo metadata), offline,
                      in dependency order, each verified by building it from its .crate; then `cargo doc` of

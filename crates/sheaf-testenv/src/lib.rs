@@ -107,6 +107,11 @@ pub const CHAOS_SHEAF_BIN_VAR: &str = "SHEAF_CHAOS_SHEAF_BIN";
 pub const CHAOS_POSTGRES_URL_VAR: &str = "SHEAF_CHAOS_POSTGRES_URL";
 /// The fault suite's own ClickHouse.
 pub const CHAOS_CLICKHOUSE_URL_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_URL";
+/// The fault suite's own ClickHouse cluster's name in its nodes' `remote_servers`.
+pub const CHAOS_CLICKHOUSE_CLUSTER_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_CLUSTER";
+/// Every node of that cluster (2 shards × 2 replicas), as comma-separated HTTP URLs, shard by
+/// shard. The nodes run only while a scenario has started them (`chaos-ctl clickhouse-cluster`).
+pub const CHAOS_CLICKHOUSE_CLUSTER_NODES_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_CLUSTER_NODES";
 /// The xtask binary the fault suite runs as `chaos-ctl …` to stop and start its servers.
 pub const CHAOS_CTL_VAR: &str = "SHEAF_CHAOS_CTL";
 /// The fault suite's work directory (logs, the PIDs of the `sheaf` processes it spawned).
