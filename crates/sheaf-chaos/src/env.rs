@@ -24,6 +24,10 @@ pub struct Ctx {
     pub postgres_url: String,
     /// The fault suite's own ClickHouse (`SHEAF_CHAOS_CLICKHOUSE_URL`).
     pub clickhouse_url: String,
+    /// The fault suite's own ClickHouse cluster, 2 shards × 2 replicas
+    /// (`SHEAF_CHAOS_CLICKHOUSE_CLUSTER`, `SHEAF_CHAOS_CLICKHOUSE_CLUSTER_NODES`): its nodes run
+    /// only between `chaos-ctl clickhouse-cluster up` and `down`.
+    pub clickhouse_cluster: sheaf_testenv::ClickHouseClusterEnv,
     /// The xtask binary that stops and starts those servers (`SHEAF_CHAOS_CTL`).
     pub ctl: PathBuf,
     /// Logs and the PID file (`SHEAF_CHAOS_DIR`).
@@ -61,6 +65,13 @@ impl Ctx {
             sheaf_bin: var(sheaf_testenv::CHAOS_SHEAF_BIN_VAR)?.into(),
             postgres_url,
             clickhouse_url: var(sheaf_testenv::CHAOS_CLICKHOUSE_URL_VAR)?,
+            clickhouse_cluster: sheaf_testenv::ClickHouseClusterEnv {
+                name: var(sheaf_testenv::CHAOS_CLICKHOUSE_CLUSTER_VAR)?,
+                nodes: var(sheaf_testenv::CHAOS_CLICKHOUSE_CLUSTER_NODES_VAR)?
+                    .split(',')
+                    .map(|node| node.trim().to_owned())
+                    .collect(),
+            },
             ctl: var(sheaf_testenv::CHAOS_CTL_VAR)?.into(),
             dir: var(sheaf_testenv::CHAOS_DIR_VAR)?.into(),
             run_id: format!("{:x}", micros % 0xffff_ffff_ffff),
@@ -191,12 +202,13 @@ impl Ctx {
 
     /// Runs one ClickHouse statement over HTTP; returns its output.
     pub async fn clickhouse(&self, sql: &str) -> anyhow::Result<String> {
-        let response = self
-            .http
-            .post(&self.clickhouse_url)
-            .body(sql.to_owned())
-            .send()
-            .await?;
+        self.clickhouse_at(&self.clickhouse_url, sql).await
+    }
+
+    /// Runs one statement on the ClickHouse server at `url` (a node of the cluster); returns
+    /// its output.
+    pub async fn clickhouse_at(&self, url: &str, sql: &str) -> anyhow::Result<String> {
+        let response = self.http.post(url).body(sql.to_owned()).send().await?;
         let status = response.status();
         let text = response.text().await?;
         if !status.is_success() {

@@ -17,6 +17,9 @@
 //! - `clickhouse`: ClickHouse (the log store) is stopped for 30 s (5 s with `--quick`) while
 //!   deliveries fail and retry; the process's memory stays bounded and retries that cannot
 //!   look up their previous attempt wait instead of failing;
+//! - `clickhouse-replica`: the log on a ClickHouse cluster of 2 shards × 2 replicas, one replica
+//!   SIGKILLed for 30 s (5 s with `--quick`) and started again; publishes, deliveries and
+//!   searches go on, and afterwards both replicas of each shard hold every event and attempt;
 //! - `shutdown`: SIGTERM under load; in-flight deliveries finish, no claim is left behind, and
 //!   a new process delivers the rest;
 //! - `cdc`: the process running the CDC source is SIGKILLed while it publishes a large
@@ -121,12 +124,12 @@ async fn try_main() -> anyhow::Result<bool> {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "  {:<11} {:>9} {:>9} {:>10} {:>9}  result",
+        "  {:<18} {:>9} {:>9} {:>10} {:>9}  result",
         "scenario", "published", "delivered", "duplicates", "recovery"
     );
     for r in &reports {
         println!(
-            "  {:<11} {:>9} {:>9} {:>10} {:>9}  {}",
+            "  {:<18} {:>9} {:>9} {:>10} {:>9}  {}",
             r.scenario,
             r.published,
             r.delivered,

@@ -24,6 +24,7 @@ pub const CHAOS: &[&str] = &[
     "ordering",
     "postgres",
     "clickhouse",
+    "clickhouse-replica",
     "shutdown",
     "cdc",
     "broker",

@@ -4,6 +4,7 @@
 mod broker;
 mod cdc;
 mod clickhouse;
+mod clickhouse_replica;
 mod disabled;
 mod kill;
 mod ordering;
@@ -39,6 +40,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "ordering" => Box::pin(ordering::run(ctx)).await,
         "postgres" => Box::pin(postgres::run(ctx)).await,
         "clickhouse" => Box::pin(clickhouse::run(ctx)).await,
+        "clickhouse-replica" => Box::pin(clickhouse_replica::run(ctx)).await,
         "shutdown" => Box::pin(shutdown::run(ctx)).await,
         "cdc" => Box::pin(cdc::run(ctx)).await,
         "broker" => Box::pin(broker::run(ctx)).await,
