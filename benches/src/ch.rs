@@ -13,6 +13,8 @@ use sheaf_testenv::clickhouse::drop_database_blocking;
 pub struct ChDb {
     pub url: String,
     pub database: String,
+    /// On a cluster, every node: the database is dropped on each.
+    pub nodes: Vec<String>,
 }
 
 impl ChDb {
@@ -21,6 +23,16 @@ impl ChDb {
         ChDb {
             url: url.to_owned(),
             database: sheaf_testenv::unique_name(prefix),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// A fresh database name on every node of a cluster, reached through its first node.
+    pub fn on_cluster(nodes: &[String], prefix: &str) -> Self {
+        ChDb {
+            url: nodes.first().cloned().unwrap_or_default(),
+            database: sheaf_testenv::unique_name(prefix),
+            nodes: nodes.to_vec(),
         }
     }
 
@@ -57,12 +69,19 @@ impl ChDb {
 
 impl Drop for ChDb {
     fn drop(&mut self) {
-        let dropped = drop_database_blocking(&self.url, &self.database, Duration::from_secs(120));
-        if let Err(why) = dropped {
-            eprintln!(
-                "sheaf-bench: could not drop clickhouse database {}: {why}",
-                self.database
-            );
+        let urls = if self.nodes.is_empty() {
+            std::slice::from_ref(&self.url)
+        } else {
+            self.nodes.as_slice()
+        };
+        for url in urls {
+            let dropped = drop_database_blocking(url, &self.database, Duration::from_secs(120));
+            if let Err(why) = dropped {
+                eprintln!(
+                    "sheaf-bench: could not drop clickhouse database {} on {url}: {why}",
+                    self.database
+                );
+            }
         }
     }
 }

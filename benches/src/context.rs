@@ -17,6 +17,8 @@ pub struct Ctx {
     pub out_dir: PathBuf,
     postgres_url: Option<String>,
     clickhouse_url: Option<String>,
+    /// The ClickHouse cluster's name and its nodes' URLs (`services up --cluster`).
+    clickhouse_cluster: Option<(String, Vec<String>)>,
     rabbitmq_url: Option<String>,
     nats_url: Option<String>,
     sheaf_bin: Option<PathBuf>,
@@ -40,6 +42,10 @@ impl Ctx {
             out_dir,
             postgres_url: var(sheaf_testenv::POSTGRES_URL_VAR),
             clickhouse_url: var(sheaf_testenv::CLICKHOUSE_URL_VAR),
+            clickhouse_cluster: var(sheaf_testenv::CLICKHOUSE_CLUSTER_VAR).zip(
+                var(sheaf_testenv::CLICKHOUSE_CLUSTER_NODES_VAR)
+                    .map(|nodes| nodes.split(',').map(|n| n.trim().to_owned()).collect()),
+            ),
             rabbitmq_url: var(sheaf_testenv::RABBITMQ_URL_VAR),
             nats_url: var(sheaf_testenv::NATS_URL_VAR),
             sheaf_bin: var(SHEAF_BIN_VAR).map(PathBuf::from),
@@ -54,6 +60,20 @@ impl Ctx {
                 sheaf_testenv::POSTGRES_URL_VAR
             )
         })
+    }
+
+    /// The ClickHouse cluster's name and every node's HTTP URL, or an error that says how to
+    /// get them.
+    pub fn clickhouse_cluster(&self) -> anyhow::Result<(&str, &[String])> {
+        self.clickhouse_cluster
+            .as_ref()
+            .map(|(name, nodes)| (name.as_str(), nodes.as_slice()))
+            .with_context(|| {
+                format!(
+                    "{} is not set: run through `cargo xtask bench`, which starts the cluster for `delivery`",
+                    sheaf_testenv::CLICKHOUSE_CLUSTER_VAR
+                )
+            })
     }
 
     /// The ClickHouse HTTP URL, or an error that says how to get one.

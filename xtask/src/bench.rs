@@ -31,7 +31,9 @@ pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let env = services::up(false)?;
+    // `delivery` measures the log on the ClickHouse cluster beside the single server.
+    let cluster = names.iter().any(|n| matches!(*n, "delivery" | "all"));
+    let env = services::up(cluster)?;
     env.print();
     let outcome = run(&env, &names, quick);
     let stopped = services::stop(env.started);

@@ -183,7 +183,9 @@ impl Stores {
         };
         let env = &mut stores.env;
         match backend.stores() {
-            Backend::Postgres | Backend::PostgresClickHouse => {
+            Backend::Postgres
+            | Backend::PostgresClickHouse
+            | Backend::PostgresClickHouseCluster => {
                 let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
                 env.push(("SHEAF_QUEUE", "postgres".to_owned()));
                 // Named after the schema, so the steady phase's watcher tells sheaf's
@@ -219,6 +221,16 @@ impl Stores {
             env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
             env.push(("SHEAF_CLICKHOUSE_URL", db.url.clone()));
             env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
+            stores.clickhouse = Some(db);
+        }
+        if backend.stores() == Backend::PostgresClickHouseCluster {
+            let (name, nodes) = ctx.clickhouse_cluster()?;
+            let db = ChDb::on_cluster(nodes, "bench_delivery");
+            env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
+            env.push(("SHEAF_CLICKHOUSE_URL", db.url.clone()));
+            env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
+            env.push(("SHEAF_CLICKHOUSE_CLUSTER", name.to_owned()));
+            env.push(("SHEAF_CLICKHOUSE_CLUSTER_NODES", nodes.join(",")));
             stores.clickhouse = Some(db);
         }
         Ok(stores)
@@ -313,7 +325,8 @@ async fn steady_run(
                 schema: schema.schema.clone(),
                 sheaf_pid: rig.sheaf.pid(),
                 postgres_pid: rig.servers.postgres,
-                clickhouse_pid: rig.servers.clickhouse,
+                // On a cluster, the node Sheaf queries.
+                clickhouse_pid: rig.servers.clickhouse.first().copied(),
                 metrics_url: rig.sheaf.url("/metrics"),
             };
             (
@@ -399,7 +412,8 @@ fn phase_of(
 /// The database servers a configuration uses, by the process listening on each one's port.
 struct Servers {
     postgres: Option<u32>,
-    clickhouse: Option<u32>,
+    /// Every ClickHouse process of the configuration (each node of a cluster).
+    clickhouse: Vec<u32>,
 }
 
 /// Their CPU time at one moment.
@@ -417,13 +431,24 @@ impl Servers {
         };
         let postgres = matches!(
             backend.stores(),
-            Backend::Postgres | Backend::PostgresClickHouse
+            Backend::Postgres | Backend::PostgresClickHouse | Backend::PostgresClickHouseCluster
         );
+        let clickhouse = match backend.stores() {
+            Backend::PostgresClickHouse => listener(ctx.clickhouse()).into_iter().collect(),
+            Backend::PostgresClickHouseCluster => ctx
+                .clickhouse_cluster()
+                .map(|(_, nodes)| {
+                    nodes
+                        .iter()
+                        .filter_map(|node| listener(Ok(node.as_str())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         Servers {
             postgres: postgres.then(|| listener(ctx.postgres())).flatten(),
-            clickhouse: (backend.stores() == Backend::PostgresClickHouse)
-                .then(|| listener(ctx.clickhouse()))
-                .flatten(),
+            clickhouse,
         }
     }
 
@@ -431,7 +456,15 @@ impl Servers {
         use sheaf_testenv::process::tree_cpu_time;
         ServersCpu {
             postgres: self.postgres.and_then(tree_cpu_time),
-            clickhouse: self.clickhouse.and_then(tree_cpu_time),
+            // The nodes' sum; none if any of them cannot be read.
+            clickhouse: (!self.clickhouse.is_empty())
+                .then(|| {
+                    self.clickhouse
+                        .iter()
+                        .map(|&pid| tree_cpu_time(pid))
+                        .sum::<Option<Duration>>()
+                })
+                .flatten(),
         }
     }
 

@@ -77,6 +77,9 @@ pub(super) enum Backend {
     PostgresClickHouse,
     /// Postgres + ClickHouse with the destination ordered by `/data/key` (1,000 keys).
     PostgresClickHouseOrdered,
+    /// The Postgres queue with the log on the ClickHouse cluster of `services up --cluster`
+    /// (2 shards × 2 replicas), beside the single server in the same run.
+    PostgresClickHouseCluster,
     /// The memory backends with one hot key (`hotkey.rs`): an ordered destination whose events
     /// all have one key, beside an unordered one.
     MemoryHotKey,
@@ -96,6 +99,7 @@ impl Backend {
             Backend::SqliteFull => "SQLite, sync full",
             Backend::Postgres => "Postgres + Postgres",
             Backend::PostgresClickHouse => "Postgres + ClickHouse",
+            Backend::PostgresClickHouseCluster => "Postgres + ClickHouse cluster (2 × 2)",
             Backend::MemoryHotKey => "memory, one hot key",
             Backend::PostgresClickHouseHotKey => "Postgres + ClickHouse, one hot key",
         }
@@ -136,7 +140,7 @@ impl Backend {
 }
 
 /// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,transformed,ordered,sqlite,sqlite-full,postgres,clickhouse,clickhouse-ordered,hot-key,clickhouse-hot-key` and a steady phase length in seconds. The figures in
+/// subset of `memory,traced,transformed,ordered,sqlite,sqlite-full,postgres,clickhouse,clickhouse-cluster,clickhouse-ordered,hot-key,clickhouse-hot-key` and a steady phase length in seconds. The figures in
 /// docs/benchmarks.md always come from a run without them.
 const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
 const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
@@ -158,6 +162,7 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
         Backend::SqliteFull,
         Backend::Postgres,
         Backend::PostgresClickHouse,
+        Backend::PostgresClickHouseCluster,
         Backend::PostgresClickHouseOrdered,
         Backend::MemoryHotKey,
         Backend::PostgresClickHouseHotKey,
@@ -176,10 +181,11 @@ fn backends() -> anyhow::Result<Vec<Backend>> {
             "sqlite-full" => Ok(Backend::SqliteFull),
             "postgres" => Ok(Backend::Postgres),
             "clickhouse" => Ok(Backend::PostgresClickHouse),
+            "clickhouse-cluster" => Ok(Backend::PostgresClickHouseCluster),
             "hot-key" => Ok(Backend::MemoryHotKey),
             "clickhouse-hot-key" => Ok(Backend::PostgresClickHouseHotKey),
             other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, ordered, sqlite, sqlite-full, postgres, clickhouse, clickhouse-ordered, hot-key or clickhouse-hot-key"
+                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, ordered, sqlite, sqlite-full, postgres, clickhouse, clickhouse-cluster, clickhouse-ordered, hot-key or clickhouse-hot-key"
             ),
         })
         .collect()

@@ -6,7 +6,7 @@ use crate::plot::{Bar, Figure, Panel};
 use crate::report::{self, PeakRss, Report, Table};
 
 use super::stall::{self, SETTLE_SECONDS, STALL_P99_MS, STALL_SHARE};
-use super::{Backend, Measured, PAD_BYTES, QUESTION, Sizes, SteadyRun};
+use super::{Backend, Measured, PAD_BYTES, Phase, QUESTION, Sizes, SteadyRun};
 
 /// The Postgres queue and ClickHouse over the steady phases, and the throughput targets.
 fn queue_report(report: &mut Report, sizes: &Sizes, measured: &[Measured]) {
@@ -417,6 +417,36 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             report::ratio(shaped.saturation.events_per_s / plain.saturation.events_per_s),
             report::millis(shaped.saturation.publish_p50_ms),
             report::millis(plain.saturation.publish_p50_ms),
+        ));
+    }
+    if let (Some(single), Some(cluster)) = (
+        measured
+            .iter()
+            .find(|m| m.backend == Backend::PostgresClickHouse),
+        measured
+            .iter()
+            .find(|m| m.backend == Backend::PostgresClickHouseCluster),
+    ) {
+        let cpu = |p: &Phase| {
+            [
+                p.sheaf_cpu_us_per_event,
+                p.postgres_cpu_us_per_event,
+                p.clickhouse_cpu_us_per_event,
+            ]
+            .map(|v| v.map_or("–".to_owned(), |us| format!("{us:.0}")))
+            .join(" / ")
+        };
+        report.note(format!(
+            "The log on a ClickHouse cluster of 2 shards × 2 replicas (Distributed tables, every \
+             insert waiting for all four nodes): {} events/s at saturation against {} on one \
+             server ({}), CPU µs per event `sheaf` / Postgres / ClickHouse (the four nodes' sum) \
+             {} against {}. The nodes share the machine's two cores with everything else: this \
+             is what the cluster costs per event, not how far it scales.",
+            report::count(cluster.saturation.events_per_s),
+            report::count(single.saturation.events_per_s),
+            report::ratio(cluster.saturation.events_per_s / single.saturation.events_per_s),
+            cpu(&cluster.saturation),
+            cpu(&single.saturation),
         ));
     }
     for (plain, ordered) in [
