@@ -3,9 +3,9 @@
 //!
 //! - **Shipped** (the log store is elsewhere, e.g. ClickHouse): an accepted event's key goes into
 //!   `accepted_events` (the idempotency record, pointing at its payload's `seq`), its payload
-//!   into `outbox_events` and its jobs into `jobs`, all in one statement; a settlement writes attempts into `outbox_attempts`
-//!   (without a copy of the payload, like the Postgres log's `attempts`) together with the
-//!   outcomes. A [`Shipment`] deletes the rows it takes inside a transaction
+//!   into `outbox_events` and its jobs into `jobs`, all in one statement; a settlement writes
+//!   attempts into `outbox_attempts` (without a copy of the payload, like the Postgres log's
+//!   `attempts`) together with the outcomes. A [`Shipment`] deletes the rows it takes inside a transaction
 //!   it holds open until the log store acknowledged them: committing removes them for good,
 //!   dropping it rolls the delete back. `FOR UPDATE SKIP LOCKED` lets the shippers of several
 //!   processes share the backlog without waiting for each other.
