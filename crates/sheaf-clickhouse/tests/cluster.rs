@@ -32,7 +32,8 @@ async fn parity_of_the_log_store_on_a_cluster() {
 }
 
 /// Every node is migrated, and each event lives, with all its attempts, on both replicas of
-/// exactly one shard; the events spread over both shards.
+/// exactly one shard; the events spread over both shards. A batched latest-attempt lookup is
+/// one query to the Distributed table and one per shard at most (`system.query_log`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_and_its_attempts_live_on_every_replica_of_one_shard() {
     let cluster =
@@ -107,13 +108,53 @@ async fn an_event_and_its_attempts_live_on_every_replica_of_one_shard() {
     }
     assert_eq!(shards.len(), 2, "40 events spread over both shards");
 
-    // Read back through the distributed tables, as the store reads.
+    // Read back through the distributed tables, as the store reads: one batched lookup, tagged so
+    // each node's query log can say who ran what for it.
+    let tag = sheaf_testenv::unique_name("cluster_lookup");
+    let mut config = db.config();
+    config.settings = vec![("log_comment".to_owned(), tag.clone())];
+    let tagged = sheaf_clickhouse::ClickHouseLogStore::connect(config).expect("connect");
     let keys: Vec<_> = events
         .iter()
         .map(|e| attempts_key(e, destination, now))
         .collect();
-    let latest = store.latest_attempts(&keys).await.expect("lookup");
+    let latest = tagged.latest_attempts(&keys).await.expect("lookup");
     assert_eq!(latest.len(), events.len(), "every event's latest attempt");
+
+    // One query to the Distributed table, and one per shard at most: the batch is not split by
+    // shard or by key.
+    let mut initial = 0;
+    let mut per_shard = [0u64; 2];
+    for node in 0..nodes {
+        let client = db.node_client(node);
+        client
+            .query("SYSTEM FLUSH LOGS")
+            .execute()
+            .await
+            .expect("flush");
+        let (first, secondary): (u64, u64) = client
+            .query(
+                "SELECT countIf(is_initial_query), countIf(NOT is_initial_query) \
+                 FROM system.query_log WHERE type = 'QueryFinish' AND log_comment = ?",
+            )
+            .bind(tag.as_str())
+            .fetch_one()
+            .await
+            .expect("query log");
+        initial += first;
+        per_shard[node / 2] += secondary;
+    }
+    println!(
+        "lookup of {} keys: {initial} initial query, secondary queries per shard {per_shard:?}",
+        keys.len()
+    );
+    assert_eq!(initial, 1, "one query per batch");
+    assert!(
+        per_shard.iter().all(|&n| n <= 1),
+        "at most one query per shard: {per_shard:?}"
+    );
+    // The queried node holds shard 1 and answers it in its own query; shard 2 is asked once.
+    assert_eq!(per_shard[1], 1, "the other shard is asked: {per_shard:?}");
 }
 
 fn attempts_key(event: &Event, destination: DestinationId, since: Timestamp) -> AttemptKey {
