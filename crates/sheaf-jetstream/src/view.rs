@@ -1,0 +1,158 @@
+//! The watcher that keeps this process's [`Index`] of the bucket, and the waits on it.
+//!
+//! One task reads the bucket's stream through an ordered consumer: first the latest record of
+//! every key, then every write as it happens. Each call that writes waits until the view has
+//! read its own writes, so what a call did is visible to the next call of the process; calls
+//! that answer for the whole queue (the depth, the dead-letter list) first wait for the view to
+//! reach the stream's last sequence.
+
+use std::collections::VecDeque;
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv;
+use futures::StreamExt as _;
+use parking_lot::{Mutex, MutexGuard};
+use sheaf_store::{Error, JobId, Result, Timestamp};
+
+use crate::index::{Index, Record};
+
+/// Keys of jobs start with this, followed by the job id.
+pub(crate) const JOB_KEY: &str = "j.";
+/// Keys of process heartbeats start with this, followed by the process id.
+pub(crate) const PROCESS_KEY: &str = "p.";
+
+/// How long a call waits for the view to catch up before it reports the queue unavailable.
+const CATCH_UP: Duration = Duration::from_secs(10);
+
+/// A deletion marker older than this, found while reading the bucket at start, was left by a
+/// process that stopped before removing it; it is removed now.
+const LEFT_BEHIND: Duration = Duration::from_secs(600);
+
+/// This process's view of the bucket. See the module docs.
+#[derive(Debug)]
+pub(crate) struct View {
+    index: Mutex<Index>,
+    applied: tokio::sync::watch::Sender<u64>,
+    /// Deletion markers to remove from the stream once every view has read them: the stream
+    /// sequence, and when the marker was written or found.
+    pub(crate) markers: Mutex<VecDeque<(Instant, u64)>>,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        View {
+            index: Mutex::new(Index::default()),
+            applied: tokio::sync::watch::Sender::new(0),
+            markers: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
+impl View {
+    pub(crate) fn index(&self) -> MutexGuard<'_, Index> {
+        self.index.lock()
+    }
+
+    /// Waits until the view has read the stream up to `sequence`.
+    pub(crate) async fn wait_for(&self, sequence: u64) -> Result<()> {
+        if *self.applied.borrow() >= sequence {
+            return Ok(());
+        }
+        let mut applied = self.applied.subscribe();
+        match tokio::time::timeout(CATCH_UP, applied.wait_for(|&a| a >= sequence)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Error::Unavailable {
+                message: format!(
+                    "the queue's view of its bucket did not reach stream sequence {sequence} within {CATCH_UP:?} (it is at {})",
+                    *self.applied.borrow()
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// Applies one write read from the stream.
+    fn apply(&self, entry: &kv::Entry) {
+        let removed = matches!(
+            entry.operation,
+            kv::Operation::Delete | kv::Operation::Purge
+        );
+        {
+            let mut index = self.index.lock();
+            if let Some(id) = entry.key.strip_prefix(JOB_KEY) {
+                match JobId::from_str(id) {
+                    Ok(id) if removed => {
+                        index.remove(id);
+                    }
+                    Ok(id) => match serde_json::from_slice::<Record>(&entry.value) {
+                        Ok(record) => index.put(id, record, entry.revision),
+                        Err(e) => {
+                            tracing::warn!(key = %entry.key, error = %e, "a job in the queue's bucket cannot be read; it is skipped")
+                        }
+                    },
+                    Err(_) => {
+                        tracing::warn!(key = %entry.key, "a key in the queue's bucket is not a job id; it is skipped")
+                    }
+                }
+            } else if let Some(process) = entry.key.strip_prefix(PROCESS_KEY)
+                && let Ok(process) = uuid::Uuid::from_str(process)
+            {
+                let at = std::str::from_utf8(&entry.value)
+                    .ok()
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .and_then(|micros| Timestamp::from_micros(micros).ok());
+                match at {
+                    Some(at) if !removed => index.beat(process, at),
+                    _ => index.forget_process(&process),
+                }
+            }
+            index.advance(entry.revision);
+        }
+        if removed && !entry.seen_current {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let age = now.saturating_sub(entry.created.unix_timestamp());
+            if age > LEFT_BEHIND.as_secs() as i64 {
+                // Found while reading the bucket at start: nobody is waiting to remove it.
+                let long_ago = Instant::now().checked_sub(Duration::from_secs(3600));
+                if let Some(at) = long_ago {
+                    self.markers.lock().push_back((at, entry.revision));
+                }
+            }
+        }
+        self.applied.send_replace(entry.revision);
+    }
+}
+
+/// Reads the bucket into `view` for as long as the queue lives, starting again after the
+/// last sequence read when the consumer fails (a server of the cluster went away).
+pub(crate) async fn watch(store: kv::Store, view: Arc<View>) {
+    loop {
+        let from = view.index().applied();
+        let watch = if from == 0 {
+            store.watch_with_history(">").await
+        } else {
+            store.watch_from_revision(">", from + 1).await
+        };
+        match watch {
+            Ok(mut entries) => {
+                while let Some(entry) = entries.next().await {
+                    match entry {
+                        Ok(entry) => view.apply(&entry),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the queue's bucket failed; reading again");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the queue's bucket failed; trying again")
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
