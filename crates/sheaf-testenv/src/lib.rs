@@ -19,8 +19,9 @@
 //!
 //! For the suites that deliver to message brokers, `services up` runs a RabbitMQ node and a
 //! NATS server with JetStream on loopback ([`rabbitmq_url`], [`nats_url`]), shared like the
-//! databases. A test that must stop or restart a broker starts one of its own instead
-//! (`brokers`, below).
+//! databases, and with `--cluster` (always for `cargo xtask test`) a NATS JetStream cluster of 3
+//! nodes ([`nats_cluster`], `require_nats_cluster!`). A test that must stop or restart a broker
+//! starts one of its own instead (`brokers`, below).
 //!
 //! Also always here: the names of the variables xtask hands the benchmarks and the fault
 //! suite (`SHEAF_BENCH_*`, `SHEAF_CHAOS_*`), and [`scenarios`], the one list of benchmark and
@@ -92,6 +93,9 @@ pub const TLS_KEY_FILE_VAR: &str = "SHEAF_TEST_TLS_KEY_FILE";
 pub const RABBITMQ_URL_VAR: &str = "SHEAF_TEST_RABBITMQ_URL";
 /// The shared NATS server, with JetStream on: `nats://127.0.0.1:PORT`.
 pub const NATS_URL_VAR: &str = "SHEAF_TEST_NATS_URL";
+/// The test NATS JetStream cluster (3 nodes, cluster `sheaf`): every node's client URL,
+/// comma-separated, `n1` first (`nats://127.0.0.1:P1,nats://127.0.0.1:P2,nats://127.0.0.1:P3`).
+pub const NATS_CLUSTER_URLS_VAR: &str = "SHEAF_TEST_NATS_CLUSTER_URLS";
 /// The Python interpreter of xtask's virtual environment (has `standardwebhooks`).
 pub const PYTHON_VAR: &str = "SHEAF_TEST_PYTHON";
 /// Debian's Chromium (`/usr/bin/chromium`), for the portal's browser tests.
@@ -112,6 +116,10 @@ pub const CHAOS_CLICKHOUSE_CLUSTER_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_CLUSTER";
 /// Every node of that cluster (2 shards × 2 replicas), as comma-separated HTTP URLs, shard by
 /// shard. The nodes run only while a scenario has started them (`chaos-ctl clickhouse-cluster`).
 pub const CHAOS_CLICKHOUSE_CLUSTER_NODES_VAR: &str = "SHEAF_CHAOS_CLICKHOUSE_CLUSTER_NODES";
+/// The fault suite's own NATS JetStream cluster (3 nodes, cluster `sheaf_chaos`): every node's
+/// client URL, comma-separated, `n1` first. The nodes run only while a scenario has started them
+/// (`chaos-ctl nats-cluster`).
+pub const CHAOS_NATS_CLUSTER_URLS_VAR: &str = "SHEAF_CHAOS_NATS_CLUSTER_URLS";
 /// The xtask binary the fault suite runs as `chaos-ctl …` to stop and start its servers.
 pub const CHAOS_CTL_VAR: &str = "SHEAF_CHAOS_CTL";
 /// The fault suite's work directory (logs, the PIDs of the `sheaf` processes it spawned).
@@ -221,6 +229,22 @@ pub fn rabbitmq_url(test: &str) -> Option<String> {
 /// The shared NATS server's URL, or `None` (skip) outside CI. See [`server_url`].
 pub fn nats_url(test: &str) -> Option<String> {
     server_url(NATS_URL_VAR, test)
+}
+
+/// Every client URL of the test NATS JetStream cluster (`cargo xtask services up --cluster`, and
+/// `cargo xtask test`), `n1` first, or `None` (skip) outside CI. See [`server_url`].
+pub fn nats_cluster(test: &str) -> Option<Vec<String>> {
+    let urls = required_var(NATS_CLUSTER_URLS_VAR, "the NATS JetStream cluster", test)?;
+    Some(split_urls(&urls))
+}
+
+/// The URLs of a comma-separated list, trimmed, without empty entries.
+fn split_urls(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The test CA's PEM file, or `None` (skip) outside CI.
@@ -359,6 +383,19 @@ macro_rules! require_nats {
     };
 }
 
+/// Returns from the calling test with a printed line when the NATS JetStream cluster is not
+/// configured (outside CI), and evaluates to its nodes' client URLs (a `Vec<String>`, `n1`
+/// first) otherwise.
+#[macro_export]
+macro_rules! require_nats_cluster {
+    ($test:expr) => {
+        match $crate::nats_cluster($test) {
+            Some(urls) => urls,
+            None => return,
+        }
+    };
+}
+
 /// Returns from the calling test with a printed line when the browser is not configured
 /// (outside CI), and evaluates to the [`Browser`] otherwise.
 #[macro_export]
@@ -452,6 +489,18 @@ pub fn sheaf_command(program: impl AsRef<OsStr>) -> Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_s_urls_are_split_at_commas_and_trimmed() {
+        assert_eq!(
+            split_urls("nats://127.0.0.1:1, nats://127.0.0.1:2,nats://127.0.0.1:3,"),
+            [
+                "nats://127.0.0.1:1",
+                "nats://127.0.0.1:2",
+                "nats://127.0.0.1:3"
+            ]
+        );
+    }
 
     #[test]
     fn unique_names_differ_and_are_identifiers() {
