@@ -15,7 +15,11 @@
 //!   `sheaf_chaos`), for the `clickhouse-replica` scenario alone. Its ports are chosen before the
 //!   binary runs, so its URLs can be handed over with the others, but its four processes start
 //!   only when that scenario asks (`chaos-ctl clickhouse-cluster up`) and stop when it ends:
-//!   the other scenarios never pay for them.
+//!   the other scenarios never pay for them;
+//! - a NATS JetStream cluster of 3 nodes in `target/xtask/chaos-nats-cluster/`
+//!   (`services/nats_cluster.rs`, the same nodes as `services up --cluster` runs, cluster
+//!   `sheaf_chaos`), planned the same way: its client URLs are handed over up front, and its
+//!   processes run only between a scenario's `chaos-ctl nats-cluster up` and `down`.
 //!
 //! `chaos` takes a lock (one run at a time: runs share those servers), builds `sheaf` and
 //! `sheaf-chaos`, copies both and this binary into `target/xtask/chaos/bin/` (so a rebuild by
@@ -23,16 +27,16 @@
 //! runs `sheaf-chaos` with their URLs, and stops the servers at the end, also when a scenario
 //! fails. The binary injects its faults by running that copy of xtask as
 //! `chaos-ctl postgres stop|start|restart`, `chaos-ctl clickhouse stop|start` and
-//! `chaos-ctl clickhouse-cluster up|down|kill NODE|start NODE` (`kill` is a SIGKILL by the
-//! node's recorded PID; `start` brings that node back with its configuration, ports and data,
-//! its work directory untouched). It records
+//! `chaos-ctl clickhouse-cluster up|down|kill NODE|start NODE`, and the same for
+//! `nats-cluster` (`kill` is a SIGKILL by the node's recorded PID; `start` brings that node back
+//! with its configuration, ports and data, its work directory untouched). It records
 //! the PID of every `sheaf` it spawns; any still alive after it exits are stopped here, by PID.
 
 use crate::process::{
     pid_alive, pid_cmdline, run_captured, run_step, state_dir, stop_pid, target_dir, workspace_root,
 };
 use crate::services::clickhouse_cluster::{self, Layout};
-use crate::services::{clickhouse, postgres};
+use crate::services::{clickhouse, nats_cluster, postgres};
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -49,14 +53,16 @@ const POSTGRES_PREFERRED_PORT: u16 = 15433;
 const CLICKHOUSE_PREFERRED_PORT: u16 = 18124;
 /// The fault suite's ClickHouse cluster's name in its nodes' `remote_servers`.
 const CLICKHOUSE_CLUSTER: &str = "sheaf_chaos";
+/// The fault suite's NATS cluster's name in its nodes' `cluster` block.
+const NATS_CLUSTER: &str = "sheaf_chaos";
 
 /// The variables `sheaf-chaos` reads (see docs/configuration.md).
 use sheaf_testenv::{
     CHAOS_CLICKHOUSE_CLUSTER_NODES_VAR as CLICKHOUSE_CLUSTER_NODES_VAR,
     CHAOS_CLICKHOUSE_CLUSTER_VAR as CLICKHOUSE_CLUSTER_VAR,
     CHAOS_CLICKHOUSE_URL_VAR as CLICKHOUSE_URL_VAR, CHAOS_CTL_VAR as CTL_VAR,
-    CHAOS_DIR_VAR as DIR_VAR, CHAOS_POSTGRES_URL_VAR as POSTGRES_URL_VAR,
-    CHAOS_SHEAF_BIN_VAR as SHEAF_BIN_VAR,
+    CHAOS_DIR_VAR as DIR_VAR, CHAOS_NATS_CLUSTER_URLS_VAR as NATS_CLUSTER_URLS_VAR,
+    CHAOS_POSTGRES_URL_VAR as POSTGRES_URL_VAR, CHAOS_SHEAF_BIN_VAR as SHEAF_BIN_VAR,
 };
 
 fn chaos_dir() -> PathBuf {
@@ -103,6 +109,19 @@ fn cluster_layout() -> Layout {
         preferred_http_port: 18141,
         preferred_tcp_port: 19141,
         stop_command: "cargo xtask chaos-ctl clickhouse-cluster down",
+    }
+}
+
+/// The fault suite's NATS cluster: its own directories and ports, never the shared one's
+/// (`nats_cluster::Layout::shared`).
+fn nats_cluster_layout() -> nats_cluster::Layout {
+    nats_cluster::Layout {
+        cluster: NATS_CLUSTER,
+        base_dir: state_dir().join("chaos-nats-cluster"),
+        preferred_client_port: 18461,
+        preferred_route_port: 18561,
+        preferred_monitor_port: 18661,
+        stop_command: "cargo xtask chaos-ctl nats-cluster down",
     }
 }
 
@@ -178,8 +197,18 @@ pub fn ctl(args: &[&str]) -> anyhow::Result<ExitCode> {
         ["clickhouse-cluster", "start", node] => {
             clickhouse_cluster::start_node_named(&cluster_layout(), node)?;
         }
+        ["nats-cluster", "up"] => {
+            nats_cluster::up_planned(&nats_cluster_layout())?;
+        }
+        ["nats-cluster", "down"] => nats_cluster::down_in(&nats_cluster_layout())?,
+        ["nats-cluster", "kill", node] => {
+            nats_cluster::kill_node(&nats_cluster_layout(), node)?;
+        }
+        ["nats-cluster", "start", node] => {
+            nats_cluster::start_node_named(&nats_cluster_layout(), node)?;
+        }
         _ => bail!(
-            "usage: cargo xtask chaos-ctl postgres stop|start|restart | clickhouse stop|start | clickhouse-cluster up|down|kill NODE|start NODE (got `{}`)",
+            "usage: cargo xtask chaos-ctl postgres stop|start|restart | clickhouse stop|start | clickhouse-cluster up|down|kill NODE|start NODE | nats-cluster up|down|kill NODE|start NODE (got `{}`)",
             args.join(" ")
         ),
     }
@@ -278,26 +307,31 @@ fn copy_binary(from: &Path, name: &str) -> anyhow::Result<PathBuf> {
     Ok(to)
 }
 
-/// The URLs of the running servers, and of the cluster's nodes once started.
+/// The URLs of the running servers, and of the clusters' nodes once started.
 #[derive(Debug)]
 struct Urls {
     postgres: String,
     clickhouse: String,
     clickhouse_cluster: Vec<String>,
+    nats_cluster: Vec<String>,
 }
 
-/// Starts Postgres and ClickHouse, and plans the ClickHouse cluster (ports chosen, nothing
-/// started: the scenario that needs it starts it).
+/// Starts Postgres and ClickHouse, and plans the ClickHouse and NATS clusters (ports chosen,
+/// nothing started: the scenario that needs one starts it).
 fn start_servers() -> anyhow::Result<Urls> {
     let postgres = start_postgres().context("the fault suite's postgres")?;
     let clickhouse = start_clickhouse().context("the fault suite's clickhouse")?;
     let clickhouse_cluster = clickhouse_cluster::plan(&cluster_layout())
         .context("the fault suite's clickhouse cluster")?
         .urls();
+    let nats_cluster = nats_cluster::plan(&nats_cluster_layout())
+        .context("the fault suite's nats cluster")?
+        .urls();
     Ok(Urls {
         postgres,
         clickhouse,
         clickhouse_cluster,
+        nats_cluster,
     })
 }
 
@@ -344,9 +378,10 @@ fn start_clickhouse() -> anyhow::Result<String> {
     Ok(up.url)
 }
 
-/// Stops the servers (they are the fault suite's alone), the cluster's nodes too if a scenario
+/// Stops the servers (they are the fault suite's alone), the clusters' nodes too if a scenario
 /// left one running; tries all, reports the first error.
 fn stop_servers() -> anyhow::Result<()> {
+    let nats = nats_cluster::down_in(&nats_cluster_layout());
     let cluster = clickhouse_cluster::down_in(&cluster_layout());
     let ch = clickhouse::down_in(&clickhouse_instance());
     let pg = match chaos_cluster() {
@@ -360,6 +395,7 @@ fn stop_servers() -> anyhow::Result<()> {
         Ok(_) => Ok(()),
         Err(err) => Err(err),
     };
+    nats.context("nats cluster")?;
     cluster.context("clickhouse cluster")?;
     ch.context("clickhouse")?;
     pg.context("postgres")?;
@@ -379,6 +415,7 @@ fn run_binary(bins: &Bins, urls: &Urls, names: &[&str], quick: bool) -> anyhow::
             CLICKHOUSE_CLUSTER_NODES_VAR,
             urls.clickhouse_cluster.join(","),
         )
+        .env(NATS_CLUSTER_URLS_VAR, urls.nats_cluster.join(","))
         .env(CTL_VAR, &bins.ctl)
         .env(DIR_VAR, chaos_dir());
     if quick {

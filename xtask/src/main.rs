@@ -23,7 +23,8 @@ commands:
                      its HTTPS front (test certificates in ~/.cache/sheaf/tls), a RabbitMQ node and a
                      NATS server with JetStream; write target/xtask/services.env
   services up --cluster
-                     the same, and a ClickHouse cluster of 2 shards x 2 replicas (the `test` command starts it too)
+                     the same, a ClickHouse cluster of 2 shards x 2 replicas and a 3-node NATS JetStream
+                     cluster (the `test` command starts them too)
   services down      stop what `services up` started, by PID
   services status    show what is running and whether xtask started it
   test [ARGS…]       services up --cluster, every test of the workspace (doctests counted), `package`, `bench all --quick`,
@@ -34,13 +35,16 @@ commands:
   chaos SCENARIO…|all [--quick]
                      the fault suite on servers of its own (Postgres 15/sheaf_chaos, ClickHouse in
                      target/xtask/chaos-clickhouse, and a 2x2 ClickHouse cluster in
-                     target/xtask/chaos-clickhouse-cluster for clickhouse-replica alone), started and
-                     stopped around it: kill, ordering, postgres, clickhouse, clickhouse-replica,
+                     target/xtask/chaos-clickhouse-cluster for clickhouse-replica alone; a 3-node NATS
+                     cluster in target/xtask/chaos-nats-cluster, started only by a scenario that asks),
+                     started and stopped around it: kill, ordering, postgres, clickhouse, clickhouse-replica,
                      shutdown, cdc, broker, outage, disabled, overload, secrets, sqlite
   chaos-ctl postgres stop|start|restart | clickhouse stop|start
   chaos-ctl clickhouse-cluster up|down|kill NODE|start NODE
+  chaos-ctl nats-cluster up|down|kill NODE|start NODE
                      stop or start the fault suite's own servers (its scenarios call this); NODE is
-                     shard1-replica1 … shard2-replica2, killed with SIGKILL, started with its data
+                     shard1-replica1 … shard2-replica2 or n1 … n3, killed with SIGKILL, started with
+                     its data
   package [--no-verify]
                      `cargo package` of every publishable crate (publish not false in cargo metadata), offline,
                      in dependency order, each verified by building it from its .crate; then `cargo doc` of

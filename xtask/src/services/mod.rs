@@ -15,7 +15,9 @@
 //! must not start the system-wide brokers they ship ([`install_without_starting`]).
 //!
 //! With `--cluster` (and always for `cargo xtask test`) it also runs a ClickHouse cluster of 2
-//! shards × 2 replicas (`clickhouse_cluster.rs`) for the log store's cluster mode.
+//! shards × 2 replicas (`clickhouse_cluster.rs`) for the log store's cluster mode, and a NATS
+//! JetStream cluster of 3 nodes (`nats_cluster.rs`, from the same `nats-server` package) for the
+//! suites that need JetStream replicated.
 //!
 //! For the portal's browser tests it installs Debian's Chromium (in the same apt run as the
 //! brokers) and the tests' npm packages (`browser.rs`); nothing of those runs in the background.
@@ -26,6 +28,7 @@ pub use clickhouse::venv_python;
 pub mod clickhouse_cluster;
 pub mod clickhouse_https;
 pub mod nats;
+pub mod nats_cluster;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod tls;
@@ -39,9 +42,9 @@ use std::time::Instant;
 /// The variables the test suites read: named once, in `sheaf-testenv`, which reads them.
 use sheaf_testenv::{
     CLICKHOUSE_CLUSTER_NODES_VAR, CLICKHOUSE_CLUSTER_VAR, CLICKHOUSE_HTTPS_URL_VAR,
-    CLICKHOUSE_URL_VAR, NATS_URL_VAR, POSTGRES_NOTLS_URL_VAR, POSTGRES_TLS_URL_VAR,
-    POSTGRES_URL_VAR, RABBITMQ_URL_VAR, TLS_CA_FILE_VAR, TLS_CERT_FILE_VAR, TLS_KEY_FILE_VAR,
-    TLS_OTHER_CA_FILE_VAR,
+    CLICKHOUSE_URL_VAR, NATS_CLUSTER_URLS_VAR, NATS_URL_VAR, POSTGRES_NOTLS_URL_VAR,
+    POSTGRES_TLS_URL_VAR, POSTGRES_URL_VAR, RABBITMQ_URL_VAR, TLS_CA_FILE_VAR, TLS_CERT_FILE_VAR,
+    TLS_KEY_FILE_VAR, TLS_OTHER_CA_FILE_VAR,
 };
 
 /// What `up` found or started.
@@ -66,6 +69,8 @@ pub struct Started {
     pub nats: bool,
     /// The ClickHouse cluster's four nodes.
     pub clickhouse_cluster: bool,
+    /// The NATS JetStream cluster's three nodes.
+    pub nats_cluster: bool,
 }
 
 impl Started {
@@ -77,6 +82,7 @@ impl Started {
             || self.rabbitmq
             || self.nats
             || self.clickhouse_cluster
+            || self.nats_cluster
     }
 }
 
@@ -109,8 +115,8 @@ pub fn env_file() -> PathBuf {
     state_dir().join("services.env")
 }
 
-/// Starts whatever is not running yet (the ClickHouse cluster too when `cluster`) and writes
-/// the env file.
+/// Starts whatever is not running yet (the ClickHouse and NATS clusters too when `cluster`) and
+/// writes the env file.
 pub fn up(cluster: bool) -> anyhow::Result<ServicesEnv> {
     std::fs::create_dir_all(state_dir()).context("cannot create target/xtask")?;
     let tls = tls::ensure().context("test certificates")?;
@@ -129,6 +135,12 @@ pub fn up(cluster: bool) -> anyhow::Result<ServicesEnv> {
     ensure_brokers_installed().context("the message brokers' packages")?;
     let rabbit = rabbitmq::up().context("rabbitmq")?;
     let nats = nats::up().context("nats")?;
+    // After the install above: the cluster's nodes are the same `nats-server`.
+    let nats_cluster = if cluster {
+        Some(nats_cluster::up().context("the nats cluster")?)
+    } else {
+        None
+    };
     let browser = browser::up().context("the portal's browser tests")?;
     let path = |p: &Path| p.display().to_string();
     let mut vars = vec![
@@ -151,6 +163,9 @@ pub fn up(cluster: bool) -> anyhow::Result<ServicesEnv> {
         ));
         vars.push((CLICKHOUSE_CLUSTER_NODES_VAR, up.nodes.join(",")));
     }
+    if let Some(up) = &nats_cluster {
+        vars.push((NATS_CLUSTER_URLS_VAR, up.urls.join(",")));
+    }
     vars.extend(browser);
     let env = ServicesEnv {
         vars,
@@ -162,6 +177,7 @@ pub fn up(cluster: bool) -> anyhow::Result<ServicesEnv> {
             rabbitmq: rabbit.started,
             nats: nats.started,
             clickhouse_cluster: ch_cluster.is_some_and(|up| up.started),
+            nats_cluster: nats_cluster.is_some_and(|up| up.started),
         },
     };
     std::fs::write(env_file(), env.env_text()).context("cannot write the env file")?;
@@ -178,6 +194,7 @@ pub fn down() -> anyhow::Result<()> {
         rabbitmq: true,
         nats: true,
         clickhouse_cluster: true,
+        nats_cluster: true,
     })
 }
 
@@ -186,7 +203,8 @@ pub fn stop(which: Started) -> anyhow::Result<()> {
     // Stop all even if one fails, then report the first failure: in the reverse order of `up`,
     // so the front goes before the server behind it.
     type Stop = fn() -> anyhow::Result<()>;
-    let steps: [(bool, &str, Stop); 7] = [
+    let steps: [(bool, &str, Stop); 8] = [
+        (which.nats_cluster, "the nats cluster", nats_cluster::down),
         (
             which.clickhouse_cluster,
             "the clickhouse cluster",
@@ -228,6 +246,7 @@ pub fn status() -> anyhow::Result<()> {
     clickhouse_cluster::status()?;
     rabbitmq::status()?;
     nats::status()?;
+    nats_cluster::status()?;
     browser::status()?;
     if left_policy() {
         println!(
