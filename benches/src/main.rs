@@ -40,9 +40,10 @@ scenarios:
   cdc        Postgres inserts to changes through the CDC reader: row per message vs batch_transactions
   destinations  events/s through `sheaf` to each destination type side by side: webhook, RabbitMQ, NATS JetStream
   memory     `sheaf` on its memory backends under a 10-minute flood: RSS at the end vs after the first minute
+  clickhouse-insert  batches to the ClickHouse cluster: one INSERT to the Distributed table vs one per replica of each shard
 
 environment: SHEAF_TEST_POSTGRES_URL, SHEAF_TEST_CLICKHOUSE_URL, SHEAF_TEST_RABBITMQ_URL, SHEAF_TEST_NATS_URL,
-  SHEAF_BENCH_SHEAF_BIN (set by `cargo xtask bench`)
+  SHEAF_TEST_CLICKHOUSE_CLUSTER, SHEAF_TEST_CLICKHOUSE_CLUSTER_NODES, SHEAF_BENCH_SHEAF_BIN (set by `cargo xtask bench`)
 ";
 
 fn main() -> ExitCode {

@@ -31,8 +31,10 @@ pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    // `delivery` measures the log on the ClickHouse cluster beside the single server.
-    let cluster = names.iter().any(|n| matches!(*n, "delivery" | "all"));
+    // These measure the log on the ClickHouse cluster (beside the single server in `delivery`).
+    let cluster = names
+        .iter()
+        .any(|n| matches!(*n, "delivery" | "clickhouse-insert" | "all"));
     let env = services::up(cluster)?;
     env.print();
     let outcome = run(&env, &names, quick);

@@ -3,6 +3,7 @@
 
 mod burst;
 mod cdc;
+mod clickhouse_insert;
 mod delivery;
 mod destinations;
 mod lookup;
@@ -27,6 +28,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Report> {
         "cdc" => cdc::run(ctx).await,
         "destinations" => Box::pin(destinations::run(ctx)).await,
         "memory" => memory::run(ctx).await,
+        "clickhouse-insert" => clickhouse_insert::run(ctx).await,
         other => anyhow::bail!("unknown scenario `{other}`"),
     }
 }

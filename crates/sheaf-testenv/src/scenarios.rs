@@ -13,6 +13,7 @@ pub const BENCH: &[&str] = &[
     "cdc",
     "destinations",
     "memory",
+    "clickhouse-insert",
 ];
 
 /// The benchmark scenarios that start `sheaf` processes, for which xtask builds the binary first.
