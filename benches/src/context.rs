@@ -70,7 +70,7 @@ impl Ctx {
             .map(|(name, nodes)| (name.as_str(), nodes.as_slice()))
             .with_context(|| {
                 format!(
-                    "{} is not set: run through `cargo xtask bench`, which starts the cluster for `delivery` and `clickhouse-insert`",
+                    "{} is not set: run through `cargo xtask bench`, which starts the cluster for `delivery`, `burst` and `clickhouse-insert`",
                     sheaf_testenv::CLICKHOUSE_CLUSTER_VAR
                 )
             })

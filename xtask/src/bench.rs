@@ -31,10 +31,11 @@ pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    // These measure the log on the ClickHouse cluster (beside the single server in `delivery`).
+    // These measure the log on the ClickHouse cluster (beside the single server in `delivery`
+    // and `burst`).
     let cluster = names
         .iter()
-        .any(|n| matches!(*n, "delivery" | "clickhouse-insert" | "all"));
+        .any(|n| matches!(*n, "delivery" | "burst" | "clickhouse-insert" | "all"));
     let env = services::up(cluster)?;
     env.print();
     let outcome = run(&env, &names, quick);
