@@ -125,6 +125,19 @@ struct Measured {
     batches: usize,
     rows: usize,
     sample: Sample,
+    /// The measured batches' `INSERT` queries in every node's `system.query_log`.
+    logged: LoggedInserts,
+}
+
+/// The `INSERT` queries of one table, batch size and way in the nodes' query logs (tagged with
+/// `log_comment`, which the `Distributed` table passes on to the inserts it sends), summed.
+#[derive(Debug, Clone, Copy, Default, Serialize, clickhouse::Row, serde::Deserialize)]
+struct LoggedInserts {
+    queries: u64,
+    /// Sent by the bench (the others by the node that received a Distributed insert).
+    initial: u64,
+    /// `ProfileEvents` user + system time, in µs: the queries' own CPU, merges excluded.
+    cpu_micros: u64,
 }
 
 impl Measured {
@@ -147,6 +160,15 @@ impl Measured {
     fn client_cpu_per_1000(&self) -> f64 {
         self.sample.client_cpu_s / self.rows.max(1) as f64 * 1000.0
     }
+
+    fn query_cpu_per_1000(&self) -> f64 {
+        self.logged.cpu_micros as f64 / 1e6 / self.rows.max(1) as f64 * 1000.0
+    }
+
+    /// The `log_comment` of its measured batches' inserts.
+    fn tag(database: &str, kind: Kind, rows: usize, way: Way) -> String {
+        format!("{database}/{}/{rows}/{way:?}", kind.table())
+    }
 }
 
 /// One node's rows after the run, per table.
@@ -162,6 +184,7 @@ struct NodeRows {
 /// The cluster as the bench writes it: a client per node, and the one the store's inserts go
 /// through.
 struct Cluster {
+    database: String,
     /// Node `i` is replica `i % REPLICAS` of shard `i / REPLICAS`.
     nodes: Vec<Client>,
     /// The first node, with `distributed_foreground_insert = 1`, as the store's client.
@@ -218,6 +241,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
             .with_database(db.database.as_str())
     };
     let cluster = Cluster {
+        database: db.database.clone(),
         nodes: urls.iter().map(|u| node(u)).collect(),
         distributed: node(&urls[0]).with_setting("distributed_foreground_insert", "1"),
         pids: urls
@@ -239,13 +263,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         for kind in [Kind::Events, Kind::Attempts] {
             let pair = match kind {
                 Kind::Events => {
-                    measure(&cluster, &sizes, batches, &progress, |way| {
+                    measure(&cluster, &sizes, (kind, rows, batches), &progress, |way| {
                         generator.events(way, rows)
                     })
                     .await
                 }
                 Kind::Attempts => {
-                    measure(&cluster, &sizes, batches, &progress, |way| {
+                    measure(&cluster, &sizes, (kind, rows, batches), &progress, |way| {
                         generator.attempts(way, rows)
                     })
                     .await
@@ -261,12 +285,14 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
                     batches,
                     rows: rows * batches,
                     sample,
+                    logged: LoggedInserts::default(),
                 });
             }
         }
     }
     progress.finish();
     let placement = check_placement(&cluster, &generator).await?;
+    logged_inserts(&cluster, &mut measured).await?;
     let peak = crate::proc::peak_rss_kib(None);
     let payload_bytes = generator.mean_payload_bytes();
     Ok(build_report(
@@ -284,7 +310,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
 async fn measure<R: LogRow>(
     cluster: &Cluster,
     sizes: &Sizes,
-    batches: usize,
+    (kind, batch_rows, batches): (Kind, usize, usize),
     progress: &Progress,
     mut batch: impl FnMut(Way) -> Vec<R>,
 ) -> anyhow::Result<[Sample; 2]> {
@@ -297,14 +323,19 @@ async fn measure<R: LogRow>(
         };
         for way in order {
             let rows = batch(way);
+            let tag = if round < sizes.warmup_batches {
+                format!("{}/warm-up", cluster.database)
+            } else {
+                Measured::tag(&cluster.database, kind, batch_rows, way)
+            };
             let nodes_before = cluster.node_cpu()?;
             let client_before = own_cpu()?;
             let started = Instant::now();
             match way {
                 Way::Distributed => {
-                    insert(&cluster.distributed, R::TABLE, rows.iter()).await?;
+                    insert(&cluster.distributed, &tag, R::TABLE, rows.iter()).await?;
                 }
-                Way::PerShard => insert_per_shard(cluster, &rows).await?,
+                Way::PerShard => insert_per_shard(cluster, &tag, &rows).await?,
             }
             let wall = started.elapsed();
             let client_cpu = own_cpu()?.saturating_sub(client_before);
@@ -322,13 +353,17 @@ async fn measure<R: LogRow>(
     Ok(out)
 }
 
-/// One `INSERT` of `rows` into `table` through `client`.
+/// One `INSERT` of `rows` into `table` through `client`, tagged `tag` in the query logs.
 async fn insert<'a, R: LogRow>(
     client: &Client,
+    tag: &str,
     table: &str,
     rows: impl Iterator<Item = &'a R>,
 ) -> anyhow::Result<()> {
+    // A clone shares the client's cached table schema; only the setting differs.
     let mut insert = client
+        .clone()
+        .with_setting("log_comment", tag)
         .insert::<R>(table)
         .await
         .with_context(|| format!("insert into {table}"))?;
@@ -346,7 +381,11 @@ async fn insert<'a, R: LogRow>(
 
 /// The batch split by shard, and one `INSERT` per replica of each shard into its local table,
 /// all at once.
-async fn insert_per_shard<R: LogRow>(cluster: &Cluster, rows: &[R]) -> anyhow::Result<()> {
+async fn insert_per_shard<R: LogRow>(
+    cluster: &Cluster,
+    tag: &str,
+    rows: &[R],
+) -> anyhow::Result<()> {
     let mut by_shard: Vec<Vec<&R>> = vec![Vec::new(); cluster.shards()];
     for row in rows {
         let (tenant, event) = row.shard_key();
@@ -355,7 +394,7 @@ async fn insert_per_shard<R: LogRow>(cluster: &Cluster, rows: &[R]) -> anyhow::R
     let local = format!("{}_local", R::TABLE);
     let inserts = cluster.nodes.iter().enumerate().filter_map(|(i, client)| {
         let shard = &by_shard[i / REPLICAS];
-        (!shard.is_empty()).then(|| insert(client, &local, shard.iter().copied()))
+        (!shard.is_empty()).then(|| insert(client, tag, &local, shard.iter().copied()))
     });
     futures::future::try_join_all(inserts).await?;
     Ok(())
@@ -422,6 +461,34 @@ async fn check_placement(
         }
     }
     Ok(found)
+}
+
+/// Fills in each measurement's inserts from every node's `system.query_log`, after `SYSTEM
+/// FLUSH LOGS` on each.
+async fn logged_inserts(cluster: &Cluster, measured: &mut [Measured]) -> anyhow::Result<()> {
+    for (i, client) in cluster.nodes.iter().enumerate() {
+        crate::ch::flush_logs(client).await?;
+        for m in measured.iter_mut() {
+            let tag = Measured::tag(&cluster.database, m.kind, m.batch_rows, m.way);
+            let logged: LoggedInserts = client
+                .query(
+                    "SELECT count() AS queries, countIf(is_initial_query) AS initial, \
+                        toUInt64(sum(ProfileEvents['UserTimeMicroseconds'] \
+                            + ProfileEvents['SystemTimeMicroseconds'])) AS cpu_micros \
+                     FROM system.query_log \
+                     WHERE type = 'QueryFinish' AND query_kind = 'Insert' AND log_comment = ? \
+                        AND event_date >= yesterday()",
+                )
+                .bind(tag.as_str())
+                .fetch_one()
+                .await
+                .with_context(|| format!("read system.query_log on node {i}"))?;
+            m.logged.queries += logged.queries;
+            m.logged.initial += logged.initial;
+            m.logged.cpu_micros += logged.cpu_micros;
+        }
+    }
+    Ok(())
 }
 
 /// The bench process's CPU time so far.
