@@ -89,10 +89,15 @@ impl JetStreamQueue {
         let client = async_nats::ConnectOptions::new()
             .name("sheaf-queue")
             .ping_interval(Duration::from_secs(10))
-            .retry_on_initial_connect()
             .connect(config.urls.clone())
             .await
             .map_err(|e| Error::unavailable("connecting to NATS for the queue", e))?;
+        let version = client.server_info().version;
+        if config.replicas > 1 && !serializes_replicated_writes(&version) {
+            return Err(Error::invalid_input(format!(
+                "nats-server {version} cannot keep a replicated queue: before 2.10 it checks a write's expected revision before the replicas agree on the write, so two claims of one job sent together can both be stored; use nats-server 2.10 or later, or one replica"
+            )));
+        }
         let context = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(10))
             .max_ack_inflight(write::CHUNK * 2)
@@ -222,6 +227,14 @@ impl JetStreamQueue {
         }
         Ok((lost, done))
     }
+}
+
+/// Whether a server of this version refuses the second of two compare-and-set writes to one key
+/// of a replicated stream that arrive together (2.10 and later).
+fn serializes_replicated_writes(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 10)
 }
 
 /// What an outcome makes of a held job's record.
@@ -553,5 +566,26 @@ impl JetStreamQueue {
             count += u64::from(done);
         }
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn replicated_buckets_need_a_server_that_serializes_their_writes() {
+        for (version, serializes) in [
+            ("2.9.10", false),
+            ("2.9.25", false),
+            ("2.10.0", true),
+            ("2.15.1", true),
+            ("3.0.0", true),
+            ("", false),
+        ] {
+            assert_eq!(
+                super::serializes_replicated_writes(version),
+                serializes,
+                "{version}"
+            );
+        }
     }
 }

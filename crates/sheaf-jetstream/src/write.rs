@@ -187,7 +187,7 @@ impl Writer {
                         }
                         results.push(Written::At(ack.sequence));
                     }
-                    Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    Err(e) if refused_as_stale(&e) => {
                         results.push(Written::Conflict);
                     }
                     Err(e) => {
@@ -372,6 +372,25 @@ impl Writer {
         }
         Ok(gone.len())
     }
+}
+
+/// Whether the stream refused a write because its key was not at the expected revision: the
+/// key has moved on (10071), or another write of the key is still being agreed on (10164,
+/// servers from 2.10 on, which check a replicated write against the writes in flight too).
+fn refused_as_stale(error: &async_nats::jetstream::context::PublishError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    if error.kind() == PublishErrorKind::WrongLastSequence {
+        return true;
+    }
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+        .is_some_and(|e| {
+            matches!(
+                e.error_code(),
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                    | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            )
+        })
 }
 
 /// A key's latest message.

@@ -74,7 +74,17 @@ async fn three_processes_complete_each_job_exactly_once() {
     let Some(server) = server("three_processes_complete_each_job_exactly_once") else {
         return;
     };
-    let config = config(vec![server.url()], 1);
+    three_processes_complete(config(vec![server.url()], 1)).await;
+}
+
+/// The same on the 3-node cluster, the bucket on all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_a_cluster_complete_each_job_exactly_once() {
+    let urls = sheaf_testenv::require_nats_cluster!("three_processes_on_a_cluster");
+    three_processes_complete(config(urls, 3)).await;
+}
+
+async fn three_processes_complete(config: JetStreamConfig) {
     let mut processes = Vec::new();
     for _ in 0..3 {
         processes.push(Arc::new(open(&config).await));
@@ -223,5 +233,15 @@ async fn maintain_removes_the_markers_of_finished_jobs() {
     later.enqueue(&jobs[..1]).await.expect("enqueue again");
     assert_eq!(later.depth().await.expect("depth").due, 1);
     drop(later);
+    queue.delete_bucket().await.expect("delete the bucket");
+}
+
+/// The suite again on the 3-node cluster (`cargo xtask services up --cluster`), the bucket kept
+/// on all three: every write is acknowledged by a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_a_three_node_cluster() {
+    let urls = sheaf_testenv::require_nats_cluster!("conformance_on_a_three_node_cluster");
+    let queue = open(&config(urls, 3)).await;
+    conformance::run_job_queue(&queue).await;
     queue.delete_bucket().await.expect("delete the bucket");
 }

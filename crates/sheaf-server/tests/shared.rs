@@ -1,5 +1,7 @@
 //! The shared-store configurations on the real servers: Postgres queue with the ClickHouse log
-//! (one server, and a cluster), Postgres for both, and two `sheaf` processes (the real binary) sharing Postgres and ClickHouse.
+//! (one server, and a cluster), Postgres for both, the JetStream queue (one server, and three
+//! `sheaf` processes on a 3-node cluster), and two `sheaf` processes (the real binary) sharing
+//! Postgres and ClickHouse.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -66,6 +68,112 @@ async fn postgres_queue_and_a_clickhouse_cluster_deliver_every_event_through_an_
     }
     let report = outage_run(env, "pgchc", 2_000).await;
     check_report("postgres queue + clickhouse cluster log", &report);
+}
+
+/// The JetStream queue on the shared NATS server (one replica) with the ClickHouse log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_queue_and_clickhouse_log_deliver_every_event_through_an_outage() {
+    let postgres = sheaf_testenv::require_postgres!("jetstream_queue_and_clickhouse_log");
+    let clickhouse = sheaf_testenv::require_clickhouse!("jetstream_queue_and_clickhouse_log");
+    let nats = sheaf_testenv::require_nats!("jetstream_queue_and_clickhouse_log");
+    let schema = sheaf_testenv::unique_name("srv");
+    let database = sheaf_testenv::unique_name("srv");
+    let bucket = sheaf_testenv::unique_name("jobs");
+    let mut env = env_with(&OUTAGE_SETTINGS);
+    for (k, v) in [
+        ("SHEAF_QUEUE", "jetstream"),
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", clickhouse.as_str()),
+        ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
+        ("SHEAF_JETSTREAM_URLS", nats.as_str()),
+        ("SHEAF_JETSTREAM_BUCKET", bucket.as_str()),
+        ("SHEAF_JETSTREAM_REPLICAS", "1"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let report = outage_run(env, "jsch", 2_000).await;
+    check_report("jetstream queue + clickhouse log", &report);
+}
+
+/// Three processes share a JetStream queue kept on 3 servers (`cargo xtask services up
+/// --cluster`), with the log in Postgres, through a receiver outage: every event is delivered
+/// once, and each process delivers some. A second success for an event would mean two processes
+/// held one job at once (a server that does not serialize compare-and-set writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_a_jetstream_cluster_deliver_every_event() {
+    let postgres = sheaf_testenv::require_postgres!("three_processes_on_a_jetstream_cluster");
+    let nats = sheaf_testenv::require_nats_cluster!("three_processes_on_a_jetstream_cluster");
+    let schema = sheaf_testenv::unique_name("srv");
+    let bucket = sheaf_testenv::unique_name("jobs");
+    let urls = nats.join(",");
+    let env = [
+        ("SHEAF_QUEUE", "jetstream"),
+        ("SHEAF_LOG_STORE", "postgres"),
+        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
+        ("SHEAF_JETSTREAM_URLS", urls.as_str()),
+        ("SHEAF_JETSTREAM_BUCKET", bucket.as_str()),
+        ("SHEAF_JETSTREAM_REPLICAS", "3"),
+        ("SHEAF_ALLOW_PRIVATE_DESTINATIONS", "true"),
+        ("SHEAF_RETRY_SCHEDULE", "1s,1s,2s"),
+        ("SHEAF_RETRY_MAX_ATTEMPTS", "12"),
+        ("SHEAF_QUEUE_POLL_INTERVAL", "50ms"),
+        ("SHEAF_DELIVERY_WORKERS", "16"),
+    ];
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        processes.push(spawn_sheaf(&env).await);
+    }
+    let receiver = Receiver::builder()
+        .failing(Failing::ForAfterFirst(Duration::from_secs(2)))
+        .start()
+        .await
+        .expect("the receiver binds");
+    let clients: Vec<Client> = processes.iter().map(|p| Client::new(p.addr)).collect();
+    clients[0]
+        .tenant_with_destination("shared", &receiver.url())
+        .await;
+
+    let (a, b, c) = tokio::join!(
+        publish_many(&clients[0], "shared", "a", 400, 8),
+        publish_many(&clients[1], "shared", "b", 400, 8),
+        publish_many(&clients[2], "shared", "c", 400, 8)
+    );
+    let ids: HashSet<String> = a.union(&b).chain(c.iter()).cloned().collect();
+    assert_eq!(ids.len(), 1_200);
+    if !receiver.delivers_all(&ids, Duration::from_secs(90)).await {
+        // What the processes said is the first thing to read.
+        for process in processes {
+            let exited = process.stop(Duration::from_secs(30)).await.expect("stop");
+            for line in exited
+                .log
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            {
+                println!("{line}");
+            }
+        }
+        panic!("every event is delivered");
+    }
+    let mut claimed = Vec::new();
+    for client in &clients {
+        claimed.push(client.metric("sheaf_jobs_claimed_total").await);
+    }
+    println!(
+        "three processes on a jetstream cluster: 1200 events, {} webhook requests, {} duplicate deliveries, jobs claimed {claimed:?}",
+        receiver.deliveries().len(),
+        receiver.duplicates(),
+    );
+    assert!(
+        claimed.iter().all(|&n| n > 0.0),
+        "every process delivered: {claimed:?}"
+    );
+    assert_eq!(receiver.duplicates(), 0, "no event is delivered twice");
+    for process in processes {
+        stop_clean(process).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

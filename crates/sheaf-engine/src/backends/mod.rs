@@ -20,15 +20,19 @@
 //! - With the Postgres queue, publishes and attempts become durable in a Postgres outbox beside
 //!   it: the log tables themselves when the log store is Postgres too, outbox tables shipped to
 //!   the log store when it is ClickHouse. With the memory queue there is no outbox; the log
-//!   store is the record. With the SQLite queue the log store is the SQLite file too, and its
+//!   store is the record, and so it is with the JetStream queue, whose log store must be on a
+//!   server (Postgres or ClickHouse) and whose tenants live in Postgres. With the SQLite queue the log store is the SQLite file too, and its
 //!   log tables are the outbox.
 
 #[cfg(feature = "clickhouse")]
 mod clickhouse;
+#[cfg(feature = "jetstream")]
+mod jetstream;
 #[cfg(any(
     not(feature = "sqlite"),
     not(feature = "postgres"),
-    not(feature = "clickhouse")
+    not(feature = "clickhouse"),
+    not(feature = "jetstream")
 ))]
 mod missing;
 mod open;
@@ -38,6 +42,8 @@ mod postgres;
 mod sqlite;
 #[cfg(not(feature = "clickhouse"))]
 use missing::clickhouse;
+#[cfg(not(feature = "jetstream"))]
+use missing::jetstream;
 #[cfg(not(feature = "postgres"))]
 use missing::postgres;
 #[cfg(not(feature = "sqlite"))]
@@ -86,6 +92,8 @@ pub enum QueueKind {
     Sqlite,
     /// Postgres ([`PostgresSettings::url`]), shared by every process that points at it.
     Postgres,
+    /// A NATS JetStream bucket ([`JetStreamSettings`]), shared by every process that names it.
+    JetStream,
 }
 
 impl QueueKind {
@@ -94,6 +102,7 @@ impl QueueKind {
         ("memory", Self::Memory),
         ("sqlite", Self::Sqlite),
         ("postgres", Self::Postgres),
+        ("jetstream", Self::JetStream),
     ];
 
     /// This queue's word.
@@ -104,7 +113,7 @@ impl QueueKind {
     /// Whether other processes take jobs from it too: only then may a process with no delivery
     /// workers leave the deliveries to them.
     pub fn is_shared(self) -> bool {
-        self == Self::Postgres
+        matches!(self, Self::Postgres | Self::JetStream)
     }
 }
 
@@ -207,6 +216,17 @@ pub struct ClickHouseSettings {
     pub cluster_replication: ClickHouseReplication,
 }
 
+/// The JetStream queue's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamSettings {
+    /// `SHEAF_JETSTREAM_URLS`: the servers, any of which will do.
+    pub urls: Vec<String>,
+    /// `SHEAF_JETSTREAM_BUCKET`.
+    pub bucket: String,
+    /// `SHEAF_JETSTREAM_REPLICAS`.
+    pub replicas: usize,
+}
+
 /// Which stores the engine runs on, and each backend's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
@@ -220,6 +240,8 @@ pub struct StoreConfig {
     pub postgres: PostgresSettings,
     /// ClickHouse's settings (`SHEAF_CLICKHOUSE_*`).
     pub clickhouse: ClickHouseSettings,
+    /// The JetStream queue's settings (`SHEAF_JETSTREAM_*`).
+    pub jetstream: JetStreamSettings,
 }
 
 /// The SQLite file when the engine is built with it (feature `sqlite`, on by default), else
@@ -251,6 +273,11 @@ impl Default for StoreConfig {
                 cluster: None,
                 cluster_nodes: Vec::new(),
                 cluster_replication: ClickHouseReplication::Distributed,
+            },
+            jetstream: JetStreamSettings {
+                urls: Vec::new(),
+                bucket: "sheaf_jobs".to_owned(),
+                replicas: 3,
             },
         }
     }
@@ -366,6 +393,20 @@ impl StoreConfig {
                 )?
                 .unwrap_or(ClickHouseReplication::Distributed),
             },
+            jetstream: JetStreamSettings {
+                urls: not_empty("SHEAF_JETSTREAM_URLS")?
+                    .map(|urls| {
+                        urls.split(',')
+                            .map(str::trim)
+                            .filter(|u| !u.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                bucket: source.text("SHEAF_JETSTREAM_BUCKET")?.unwrap_or_default(),
+                replicas: usize::try_from(source.integer("SHEAF_JETSTREAM_REPLICAS")?)
+                    .unwrap_or(usize::MAX),
+            },
         };
         config.check()?;
         Ok(config)
@@ -377,8 +418,40 @@ impl StoreConfig {
         if self.uses_postgres() && self.postgres.url.is_none() {
             return Err(SettingError::new(
                 "SHEAF_POSTGRES_URL",
-                "is required when SHEAF_LOG_STORE or SHEAF_QUEUE is postgres",
+                if self.queue == QueueKind::JetStream {
+                    "is required with SHEAF_QUEUE=jetstream: tenants and destinations live in Postgres, shared by every process of the queue"
+                } else {
+                    "is required when SHEAF_LOG_STORE or SHEAF_QUEUE is postgres"
+                },
             ));
+        }
+        if self.queue == QueueKind::JetStream {
+            if self.jetstream.urls.is_empty() {
+                return Err(SettingError::new(
+                    "SHEAF_JETSTREAM_URLS",
+                    "is required when SHEAF_QUEUE is jetstream",
+                ));
+            }
+            if let Some(url) = self
+                .jetstream
+                .urls
+                .iter()
+                .find(|u| !u.starts_with("nats://"))
+            {
+                return Err(SettingError::new(
+                    "SHEAF_JETSTREAM_URLS",
+                    format!("{url:?} must start with nats://"),
+                ));
+            }
+            let bucket = &self.jetstream.bucket;
+            if !is_identifier(bucket, 64, |b| {
+                b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
+            }) {
+                return Err(SettingError::new(
+                    "SHEAF_JETSTREAM_BUCKET",
+                    format!("{bucket:?} must be letters, digits, `_` and `-`"),
+                ));
+            }
         }
         if self.log == LogStoreKind::ClickHouse && self.clickhouse.url.is_none() {
             return Err(SettingError::new(
@@ -430,14 +503,14 @@ impl StoreConfig {
         // a second process finds no event at all (the fault suite saw 2 of 200 events dropped
         // that way); one process's SQLite file is as invisible to the others. So the
         // combination is refused rather than documented.
-        if self.queue == QueueKind::Postgres
-            && matches!(self.log, LogStoreKind::Memory | LogStoreKind::Sqlite)
+        if self.queue.is_shared() && matches!(self.log, LogStoreKind::Memory | LogStoreKind::Sqlite)
         {
             return Err(SettingError::new(
                 "SHEAF_LOG_STORE",
                 format!(
-                    "{} cannot back SHEAF_QUEUE=postgres: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse",
-                    self.log.word()
+                    "{} cannot back SHEAF_QUEUE={}: queued jobs carry no payload and read it from the log store, which must be as durable and as shared as the queue; use postgres or clickhouse",
+                    self.log.word(),
+                    self.queue.word()
                 ),
             ));
         }
@@ -471,7 +544,8 @@ impl StoreConfig {
     }
 
     pub(crate) fn uses_postgres(&self) -> bool {
-        self.log == LogStoreKind::Postgres || self.queue == QueueKind::Postgres
+        self.log == LogStoreKind::Postgres
+            || matches!(self.queue, QueueKind::Postgres | QueueKind::JetStream)
     }
 
     pub(crate) fn uses_sqlite(&self) -> bool {

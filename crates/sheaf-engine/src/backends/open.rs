@@ -11,7 +11,9 @@ use sheaf_memory::{
 };
 use sheaf_store::{EntityStore, JobQueue, LogStore, Outbox, ReplayStore};
 
-use super::{EntityHome, LogStoreKind, QueueKind, StoreConfig, clickhouse, postgres, sqlite};
+use super::{
+    EntityHome, LogStoreKind, QueueKind, StoreConfig, clickhouse, jetstream, postgres, sqlite,
+};
 
 /// Whether connecting creates or upgrades the database schemas first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +142,9 @@ pub(crate) async fn open(
             let in_the_log = stores.log == LogStoreKind::Postgres;
             (pg.queue(), Some(pg.outbox(in_the_log)))
         }
+        // No outbox: the log store is the record of publishes and attempts, written before
+        // the jobs are enqueued (see `ingest::publish`).
+        QueueKind::JetStream => (jetstream::connect(&stores.jetstream).await?, None),
     };
     let (entities, replays) = match (stores.entity_home(), &postgres, &sqlite) {
         (EntityHome::Postgres, Some(pg), _) => (pg.entities(), pg.replays()),

@@ -203,8 +203,8 @@ pub const LOG_STORE: Setting = setting(
 pub const QUEUE: Setting = setting(
     "SHEAF_QUEUE",
     None,
-    Kind::OneOf(&["sqlite", "memory", "postgres"]),
-    "Where pending deliveries wait. Unset: `sqlite` when the log store is, else `memory`. `sqlite` (in `SHEAF_DATA_DIR`, kept across restarts) needs `SHEAF_LOG_STORE=sqlite`: the log tables are its outbox. Several processes share work only through `postgres`. Tenants and destinations live in Postgres whenever the queue or the log store does, else in the SQLite file whenever one of them is there, in memory otherwise.",
+    Kind::OneOf(&["sqlite", "memory", "postgres", "jetstream"]),
+    "Where pending deliveries wait. Unset: `sqlite` when the log store is, else `memory`. `sqlite` (in `SHEAF_DATA_DIR`, kept across restarts) needs `SHEAF_LOG_STORE=sqlite`: the log tables are its outbox. Several processes share work only through `postgres` or `jetstream` (a replicated NATS JetStream bucket, `SHEAF_JETSTREAM_*`, for fleets past one Postgres primary; its log store must be `postgres` or `clickhouse`, and it needs `SHEAF_POSTGRES_URL` for tenants and destinations). Tenants and destinations live in Postgres whenever the queue or the log store does, else in the SQLite file whenever one of them is there, in memory otherwise.",
 );
 /// `SHEAF_DATA_DIR`.
 pub const DATA_DIR: Setting = setting(
@@ -278,6 +278,27 @@ pub const CLICKHOUSE_CLUSTER_REPLICATION: Setting = setting(
     Some("distributed"),
     Kind::OneOf(&["distributed", "replicated"]),
     "Who copies a shard's rows to its replicas on `SHEAF_CLICKHOUSE_CLUSTER`. `distributed`: the `Distributed` tables write every replica (the cluster's `internal_replication` off), the local tables are `ReplacingMergeTree` and start-up creates them on every node of `SHEAF_CLICKHOUSE_CLUSTER_NODES`; an insert needs every replica up. `replicated`: the servers replicate (`internal_replication` on), the local tables are `ReplicatedReplacingMergeTree` and start-up creates them with `ON CLUSTER` DDL through `SHEAF_CLICKHOUSE_URL`; needs ClickHouse Keeper and the `{shard}` and `{replica}` macros on every node, and no node list. Not run in Sheaf's own tests (their ClickHouse cannot replicate).",
+);
+/// `SHEAF_JETSTREAM_URLS`.
+pub const JETSTREAM_URLS: Setting = setting(
+    "SHEAF_JETSTREAM_URLS",
+    None,
+    Kind::Text("comma-separated `nats://[user:password@]host:port`"),
+    "The NATS servers of `SHEAF_QUEUE=jetstream`; any one of the cluster will do, and naming several lets start-up go on with one of them down. Required with `SHEAF_QUEUE=jetstream`. TLS to these servers is not supported yet.",
+);
+/// `SHEAF_JETSTREAM_BUCKET`.
+pub const JETSTREAM_BUCKET: Setting = setting(
+    "SHEAF_JETSTREAM_BUCKET",
+    Some("sheaf_jobs"),
+    Kind::Text("ASCII letters, digits, `_` and `-`, at most 64 bytes"),
+    "The key-value bucket that holds `SHEAF_QUEUE=jetstream`'s jobs (its stream is `KV_<bucket>`), created at start if missing. Processes that share work name the same bucket.",
+);
+/// `SHEAF_JETSTREAM_REPLICAS`.
+pub const JETSTREAM_REPLICAS: Setting = setting(
+    "SHEAF_JETSTREAM_REPLICAS",
+    Some("3"),
+    Kind::Integer { min: 1, max: 5 },
+    "How many JetStream servers keep the bucket, when start-up creates it: every write of the queue (an enqueue, a claim, an outcome) is acknowledged once a majority of them stored it, so 3 survive the loss of one server. A cluster with fewer servers refuses the bucket and start-up stops. `1` on a single server. An existing bucket keeps its own.",
 );
 // Five retries spread over about seven hours ride out a deploy or a short outage without
 // hammering a receiver. The span stays well inside the memory log's three days of retention,
@@ -891,6 +912,9 @@ pub const SETTINGS: &[Setting] = &[
     CLICKHOUSE_CLUSTER,
     CLICKHOUSE_CLUSTER_NODES,
     CLICKHOUSE_CLUSTER_REPLICATION,
+    JETSTREAM_URLS,
+    JETSTREAM_BUCKET,
+    JETSTREAM_REPLICAS,
     RETRY_SCHEDULE,
     RETRY_MAX_ATTEMPTS,
     RETRY_JITTER_PERCENT,

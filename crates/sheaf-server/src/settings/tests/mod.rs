@@ -120,6 +120,11 @@ const TEXT_SAMPLES: &[(&str, &str)] = &[
         "SHEAF_CLICKHOUSE_CLUSTER_NODES",
         "http://127.0.0.1:8123,http://127.0.0.1:8124",
     ),
+    (
+        "SHEAF_JETSTREAM_URLS",
+        "nats://127.0.0.1:4222,nats://127.0.0.1:4223",
+    ),
+    ("SHEAF_JETSTREAM_BUCKET", "other_jobs"),
     ("SHEAF_SECRETS_KEY", KEY32),
     ("SHEAF_SECRETS_KEY_PREVIOUS", OTHER_KEY32),
     (
@@ -300,6 +305,56 @@ fn invalid_values_name_their_setting() {
         ]))
         .unwrap_err();
         assert_eq!(err.setting, "SHEAF_LOG_STORE", "{err}");
+    }
+    // The JetStream queue needs its servers, Postgres for tenants, and a log store on a server;
+    // its servers are NATS URLs and its bucket a plain name.
+    let jetstream = [
+        ("SHEAF_QUEUE", "jetstream"),
+        ("SHEAF_LOG_STORE", "clickhouse"),
+        ("SHEAF_CLICKHOUSE_URL", "http://127.0.0.1:8123"),
+        ("SHEAF_POSTGRES_URL", "postgres://sheaf@127.0.0.1/sheaf"),
+        ("SHEAF_JETSTREAM_URLS", "nats://127.0.0.1:4222"),
+    ];
+    let config = Config::load(env(&jetstream)).unwrap();
+    assert_eq!(config.engine.stores.queue, QueueKind::JetStream);
+    assert_eq!(config.engine.stores.entity_home(), EntityHome::Postgres);
+    for (dropped, named) in [
+        ("SHEAF_JETSTREAM_URLS", "SHEAF_JETSTREAM_URLS"),
+        ("SHEAF_POSTGRES_URL", "SHEAF_POSTGRES_URL"),
+    ] {
+        let pairs: Vec<_> = jetstream
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != dropped)
+            .collect();
+        let err = Config::load(env(&pairs)).unwrap_err();
+        assert_eq!(err.setting, named, "without {dropped}: {err}");
+    }
+    for (changed, named) in [
+        (("SHEAF_LOG_STORE", "memory"), "SHEAF_LOG_STORE"),
+        (("SHEAF_LOG_STORE", "sqlite"), "SHEAF_LOG_STORE"),
+        (
+            ("SHEAF_JETSTREAM_URLS", "127.0.0.1:4222"),
+            "SHEAF_JETSTREAM_URLS",
+        ),
+        (("SHEAF_JETSTREAM_BUCKET", "a.b"), "SHEAF_JETSTREAM_BUCKET"),
+        (
+            ("SHEAF_JETSTREAM_REPLICAS", "0"),
+            "SHEAF_JETSTREAM_REPLICAS",
+        ),
+        (
+            ("SHEAF_JETSTREAM_REPLICAS", "6"),
+            "SHEAF_JETSTREAM_REPLICAS",
+        ),
+    ] {
+        let mut pairs: Vec<_> = jetstream
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != changed.0)
+            .collect();
+        pairs.push(changed);
+        let err = Config::load(env(&pairs)).unwrap_err();
+        assert_eq!(err.setting, named, "{changed:?}: {err}");
     }
     // A cluster needs its nodes, the nodes a cluster, each an HTTP(S) URL.
     for (pairs, named) in [

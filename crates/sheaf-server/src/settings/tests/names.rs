@@ -262,9 +262,16 @@ fn every_word_of_a_choice_maps_to_its_variant_by_name() {
         assert_eq!(config.engine.stores.log, *log, "{word}");
     }
     for (word, queue) in QueueKind::WORDS {
+        // The JetStream queue has no log store of its own: its jobs' events are in Postgres.
+        let log = if *queue == QueueKind::JetStream {
+            "postgres"
+        } else {
+            word
+        };
         let config = Config::load(env(&[
             servers[0],
-            ("SHEAF_LOG_STORE", word),
+            ("SHEAF_JETSTREAM_URLS", "nats://127.0.0.1:4222"),
+            ("SHEAF_LOG_STORE", log),
             ("SHEAF_QUEUE", word),
         ]))
         .unwrap();
