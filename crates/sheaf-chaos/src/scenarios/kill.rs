@@ -93,7 +93,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
 
     let published = load.await?;
     settle(ctx, &mut report, &schema, &receiver, &published).await?;
-    let (came_back, text) = stranded_recovery(&stranded, &receiver, killed_at);
+    let (came_back, text) = stranded_recovery(&stranded, &receiver, killed_at, "sheaf a");
     report.note("stranded claims delivered by sheaf b", text);
     report.check(
         came_back == stranded.len(),

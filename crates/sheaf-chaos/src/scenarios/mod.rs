@@ -92,16 +92,17 @@ async fn claimed_jobs(ctx: &Ctx, schema: &str) -> anyhow::Result<Vec<Leased>> {
 
 /// When the stranded claims' events reached the receiver after the kill, and how many of them
 /// had reached it before (the victim delivered them but died before recording it: those are
-/// the duplicates at-least-once allows).
+/// the duplicates at-least-once allows). `victim` names the killed process (`sheaf a`).
 fn stranded_recovery(
     stranded: &[String],
     receiver: &Receiver,
     killed_at: Instant,
+    victim: &str,
 ) -> (usize, String) {
     if stranded.is_empty() {
         return (
             0,
-            "none were stranded (the kill found sheaf a between claims)".to_owned(),
+            format!("none were stranded (the kill found {victim} between claims)"),
         );
     }
     let wanted: HashSet<&String> = stranded.iter().collect();
@@ -125,7 +126,7 @@ fn stranded_recovery(
         .collect();
     let text = match (times.iter().min(), times.iter().max()) {
         (Some(min), Some(max)) => format!(
-            "{} of {}, between {} and {} after the kill ({} of them had been delivered by sheaf a just before it died)",
+            "{} of {}, between {} and {} after the kill ({} of them had been delivered by {victim} just before it died)",
             times.len(),
             stranded.len(),
             secs(*min),
@@ -181,6 +182,13 @@ async fn settle(
     receiver: &Receiver,
     published: &Published,
 ) -> anyhow::Result<()> {
+    settle_deliveries(report, receiver, published).await;
+    drained(ctx, report, schema).await
+}
+
+/// The first half of [`settle`], for a queue that is not in Postgres: every event accepted,
+/// every accepted event delivered (waiting up to [`SETTLE`]); fills in the report's figures.
+async fn settle_deliveries(report: &mut Report, receiver: &Receiver, published: &Published) {
     report.check(
         published.gave_up.is_empty(),
         format!(
@@ -200,7 +208,6 @@ async fn settle(
         &receiver.first_successes(),
         receiver.duplicates(),
     );
-    drained(ctx, report, schema).await
 }
 
 /// The checks every scenario ends with once everything is delivered: no job left in the

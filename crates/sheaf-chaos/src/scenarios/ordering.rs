@@ -110,7 +110,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         format!("{before} of {}", published.accepted.len()),
     );
     settle(ctx, &mut report, &schema, &receiver, &published).await?;
-    let (came_back, text) = stranded_recovery(&killed.held, &receiver, killed.at);
+    let (came_back, text) = stranded_recovery(&killed.held, &receiver, killed.at, "sheaf a");
     report.note("held jobs delivered by sheaf b", text);
     report.check(
         came_back == killed.held.len(),
