@@ -72,6 +72,8 @@ pub struct Published {
     pub accepted: HashMap<String, Instant>,
     /// Tries that were not answered 202, by answer (`503`, `no answer`, …).
     pub refused: HashMap<String, usize>,
+    /// When each of those tries was answered (or gave up waiting for an answer).
+    pub refused_at: Vec<Instant>,
     /// 202s that said `duplicate: true` (an earlier try had been recorded after all).
     pub repeats: usize,
     /// Events never accepted (the publisher gave up on them).
@@ -188,6 +190,7 @@ pub async fn publish_until_accepted(
         {
             let mut guard = outcome.lock().unwrap_or_else(|e| e.into_inner());
             *guard.refused.entry(answer).or_default() += 1;
+            guard.refused_at.push(Instant::now());
             if give_up {
                 guard.gave_up.push(id.to_owned());
             }

@@ -28,6 +28,10 @@ pub struct Ctx {
     /// (`SHEAF_CHAOS_CLICKHOUSE_CLUSTER`, `SHEAF_CHAOS_CLICKHOUSE_CLUSTER_NODES`): its nodes run
     /// only between `chaos-ctl clickhouse-cluster up` and `down`.
     pub clickhouse_cluster: sheaf_testenv::ClickHouseClusterEnv,
+    /// The client URLs of the fault suite's own NATS JetStream cluster of 3 nodes, `n1` first
+    /// (`SHEAF_CHAOS_NATS_CLUSTER_URLS`): its nodes run only between `chaos-ctl nats-cluster
+    /// up` and `down`.
+    pub nats_cluster: Vec<String>,
     /// The xtask binary that stops and starts those servers (`SHEAF_CHAOS_CTL`).
     pub ctl: PathBuf,
     /// Logs and the PID file (`SHEAF_CHAOS_DIR`).
@@ -72,6 +76,12 @@ impl Ctx {
                     .map(|node| node.trim().to_owned())
                     .collect(),
             },
+            nats_cluster: var(sheaf_testenv::CHAOS_NATS_CLUSTER_URLS_VAR)?
+                .split(',')
+                .map(str::trim)
+                .filter(|url| !url.is_empty())
+                .map(str::to_owned)
+                .collect(),
             ctl: var(sheaf_testenv::CHAOS_CTL_VAR)?.into(),
             dir: var(sheaf_testenv::CHAOS_DIR_VAR)?.into(),
             run_id: format!("{:x}", micros % 0xffff_ffff_ffff),

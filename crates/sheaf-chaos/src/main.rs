@@ -2,10 +2,11 @@
 //! what an operator sees" and "Running the fault suite").
 //!
 //! Each scenario starts real `sheaf serve` processes on the fault suite's own Postgres and
-//! ClickHouse (prepared by `cargo xtask chaos`, which is how this binary is meant to run),
-//! publishes a bounded, known set of events to a loopback receiver that records every
-//! delivery by `webhook-id`, injects a fault while the load runs, and then checks that every
-//! accepted event was delivered (delivered ⊇ published), counting duplicates:
+//! ClickHouse, and for some its ClickHouse or NATS cluster (prepared by `cargo xtask chaos`,
+//! which is how this binary is meant to run), publishes a bounded, known set of events to a
+//! loopback receiver that records every delivery by `webhook-id`, injects a fault while the
+//! load runs, and then checks that every accepted event was delivered (delivered ⊇ published),
+//! counting duplicates:
 //!
 //! - `kill`: two processes share the stores; one is SIGKILLed mid-burst, and its claimed jobs
 //!   come back to the other when their lease ends;
@@ -20,6 +21,12 @@
 //! - `clickhouse-replica`: the log on a ClickHouse cluster of 2 shards × 2 replicas, one replica
 //!   SIGKILLed for 30 s (5 s with `--quick`) and started again; publishes, deliveries and
 //!   searches go on, and afterwards both replicas of each shard hold every event and attempt;
+//! - `nats-node`: the JetStream queue on a NATS cluster of 3 nodes (the bucket on all three), the
+//!   node leading the bucket's stream SIGKILLed for 30 s (10 s with `--quick`) and started again;
+//!   deliveries go on without it, every process's view of the bucket recovers, the node's replica
+//!   catches up, and publishes refused during the election are counted, not lost;
+//! - `sheaf-process`: three processes on that queue, one SIGKILLed mid-burst; its leased jobs
+//!   come back to the two others when their lease ends, not before;
 //! - `shutdown`: SIGTERM under load; in-flight deliveries finish, no claim is left behind, and
 //!   a new process delivers the rest;
 //! - `cdc`: the process running the CDC source is SIGKILLed while it publishes a large

@@ -26,6 +26,8 @@ pub const CHAOS: &[&str] = &[
     "postgres",
     "clickhouse",
     "clickhouse-replica",
+    "nats-node",
+    "sheaf-process",
     "shutdown",
     "cdc",
     "broker",

@@ -6,12 +6,15 @@ mod cdc;
 mod clickhouse;
 mod clickhouse_replica;
 mod disabled;
+mod jetstream;
 mod kill;
+mod nats_node;
 mod ordering;
 mod outage;
 mod overload;
 mod postgres;
 mod secrets;
+mod sheaf_process;
 mod shutdown;
 mod sqlite;
 
@@ -41,6 +44,8 @@ pub async fn run(ctx: &Ctx, name: &str) -> anyhow::Result<Report> {
         "postgres" => Box::pin(postgres::run(ctx)).await,
         "clickhouse" => Box::pin(clickhouse::run(ctx)).await,
         "clickhouse-replica" => Box::pin(clickhouse_replica::run(ctx)).await,
+        "nats-node" => Box::pin(nats_node::run(ctx)).await,
+        "sheaf-process" => Box::pin(sheaf_process::run(ctx)).await,
         "shutdown" => Box::pin(shutdown::run(ctx)).await,
         "cdc" => Box::pin(cdc::run(ctx)).await,
         "broker" => Box::pin(broker::run(ctx)).await,
