@@ -138,7 +138,7 @@ impl JetStreamQueue {
             .await
             .map_err(|e| Error::unavailable("reading the queue's bucket", e))?;
         let view = Arc::new(View::default());
-        let watcher = tokio::spawn(view::watch(store, Arc::clone(&view)));
+        let watcher = tokio::spawn(view::watch(store, stream.clone(), Arc::clone(&view)));
         let queue = JetStreamQueue {
             writer: write::Writer::new(context, stream, &config.bucket),
             config,

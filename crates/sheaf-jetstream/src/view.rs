@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::Stream;
 use futures::StreamExt as _;
 use parking_lot::{Mutex, MutexGuard};
 use sheaf_store::{Error, JobId, Result, Timestamp};
@@ -128,8 +129,16 @@ impl View {
 }
 
 /// Reads the bucket into `view` for as long as the queue lives, starting again after the
-/// last sequence read when the consumer fails (a server of the cluster went away).
-pub(crate) async fn watch(store: kv::Store, view: Arc<View>) {
+/// last sequence read when the consumer fails (a server of the cluster went away), or when it
+/// has read nothing for [`SILENT`] while the stream holds later writes.
+///
+/// The second case is a watcher that is stuck without an error: after a reconnection,
+/// async-nats recreates the watcher's consumer under the same name, and when the server the
+/// first one was placed on has died, that name's assignment can stay with the dead server, so
+/// every recreation waits on it and the view stops until that server returns (the fault
+/// suite's `nats-node` saw 31 and 33 s, the whole outage). A new watch is a new consumer, which
+/// the cluster places on a live server.
+pub(crate) async fn watch(store: kv::Store, stream: Stream, view: Arc<View>) {
     loop {
         let from = view.index().applied();
         let watch = if from == 0 {
@@ -139,13 +148,24 @@ pub(crate) async fn watch(store: kv::Store, view: Arc<View>) {
         };
         match watch {
             Ok(mut entries) => {
-                while let Some(entry) = entries.next().await {
-                    match entry {
-                        Ok(entry) => view.apply(&entry),
-                        Err(e) => {
+                let mut last_read = Instant::now();
+                loop {
+                    match tokio::time::timeout(Duration::from_secs(1), entries.next()).await {
+                        Ok(Some(Ok(entry))) => {
+                            view.apply(&entry);
+                            last_read = Instant::now();
+                        }
+                        Ok(Some(Err(e))) => {
                             tracing::warn!(error = %e, "reading the queue's bucket failed; reading again");
                             break;
                         }
+                        Ok(None) => break,
+                        Err(_) if last_read.elapsed() >= SILENT && behind(&stream, &view).await => {
+                            tracing::warn!(silent_for = ?last_read.elapsed(),
+                                "reading the queue's bucket stalled behind later writes; reading again");
+                            break;
+                        }
+                        Err(_) => {}
                     }
                 }
             }
@@ -154,5 +174,19 @@ pub(crate) async fn watch(store: kv::Store, view: Arc<View>) {
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A watcher that has read nothing for this long, while the stream has writes it has not read,
+/// is stuck: a working one delivers a write within milliseconds, and every process writes its
+/// heartbeat every few seconds, so a live bucket is never quiet for long.
+const SILENT: Duration = Duration::from_secs(5);
+
+/// Whether the stream holds a write the view has not read; `false` when the stream cannot be
+/// asked (during an election there is nothing new to read anyway).
+async fn behind(stream: &Stream, view: &View) -> bool {
+    match tokio::time::timeout(Duration::from_secs(2), stream.get_info()).await {
+        Ok(Ok(info)) => info.state.last_sequence > view.index().applied(),
+        _ => false,
     }
 }
