@@ -225,10 +225,11 @@ impl LeasedJob {
     }
 }
 
-/// Polls one process's `/metrics` every 250 ms until stopped: its counters over time, and when
-/// its view of the bucket is current. The page carries `sheaf_queue_jobs` only once the view
-/// has read up to the stream's last sequence (the queue's `depth` waits for that, at most 10 s,
-/// and is left out when the stream cannot be asked or the view does not get there).
+/// Asks one process's `/metrics` every 250 ms until stopped, each request on its own (one held
+/// up does not hold up the next): its counters over time, and when its view of the bucket is
+/// current. The page carries `sheaf_queue_jobs` only once the view has read up to the stream's
+/// last sequence (the queue's `depth` asks the stream for it, then waits for the view, each at
+/// most 10 s, and is left out when either fails).
 #[derive(Debug)]
 pub struct ProcessProbe {
     stop: tokio::sync::watch::Sender<bool>,
@@ -249,28 +250,23 @@ pub struct ProcessSample {
 
 impl ProcessProbe {
     pub fn start(base: String) -> anyhow::Result<Self> {
-        // Longer than the 10 s a depth may wait for the view, so a slow page is still read.
-        let api = Api::new(Duration::from_secs(15))?;
+        // Longer than the 20 s a depth may take, so a slow page is still read.
+        let api = Api::new(Duration::from_secs(25))?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
-            let mut samples = Vec::new();
+            let mut asked = Vec::new();
             while !*stopped.borrow() {
-                let asked = Instant::now();
-                let page = api.metrics(&base).await.ok();
-                let answered = Instant::now();
-                let page = page.as_deref().unwrap_or_default();
-                let counted = |name: &str| metric(page, name).unwrap_or(-1.0);
-                samples.push(ProcessSample {
-                    asked,
-                    answered,
-                    current: !depth(page).contains(&-1.0)
-                        && answered - asked < Duration::from_secs(1),
-                    delivered: counted("sheaf_deliveries_total{outcome=\"success\"}"),
-                    published: counted("sheaf_events_published_total"),
-                });
+                let (api, base) = (api.clone(), base.clone());
+                asked.push(tokio::spawn(async move { sample(&api, &base).await }));
                 tokio::select! {
                     _ = stopped.changed() => {}
                     () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+            let mut samples = Vec::with_capacity(asked.len());
+            for request in asked {
+                if let Ok(sample) = request.await {
+                    samples.push(sample);
                 }
             }
             samples
@@ -278,38 +274,61 @@ impl ProcessProbe {
         Ok(Self { stop, task })
     }
 
-    /// Stops polling; returns every sample.
+    /// Stops asking; returns every sample, in the order they were asked.
     pub async fn finish(self) -> Vec<ProcessSample> {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }
 }
 
+/// One `/metrics` of the process at `base`.
+async fn sample(api: &Api, base: &str) -> ProcessSample {
+    let asked = Instant::now();
+    let page = api.metrics(base).await.ok();
+    let answered = Instant::now();
+    let page = page.as_deref().unwrap_or_default();
+    let counted = |name: &str| metric(page, name).unwrap_or(-1.0);
+    ProcessSample {
+        asked,
+        answered,
+        current: !depth(page).contains(&-1.0) && answered - asked < Duration::from_secs(1),
+        delivered: counted("sheaf_deliveries_total{outcome=\"success\"}"),
+        published: counted("sheaf_events_published_total"),
+    }
+}
+
 /// What a process's counter (`delivered`, `published`) rose by between `from` and `to`, counted
-/// sparingly: from the answer to the first sample asked at or after `from` (so nothing counted
-/// before `from` is in it, even when that answer came late) to the last answer at or before
-/// `to`; zero when there is no such pair.
+/// sparingly: from its lowest value read by a sample asked at or after `from` (so nothing
+/// counted before `from` is in it, even when that answer came late) to its highest read by one
+/// answered at or before `to`; zero when there is no such pair.
 pub fn rose_between(
     samples: &[ProcessSample],
     counter: fn(&ProcessSample) -> f64,
     from: Instant,
     to: Instant,
 ) -> f64 {
-    let answered = |s: &&ProcessSample| counter(s) >= 0.0;
-    let first = samples.iter().filter(answered).find(|s| s.asked >= from);
-    let last = samples.iter().filter(answered).rfind(|s| s.answered <= to);
-    match (first, last) {
-        (Some(first), Some(last)) => (counter(last) - counter(first)).max(0.0),
+    let read = || samples.iter().filter(|s| counter(s) >= 0.0);
+    let base = read()
+        .filter(|s| s.asked >= from)
+        .map(counter)
+        .min_by(f64::total_cmp);
+    let end = read()
+        .filter(|s| s.answered <= to)
+        .map(counter)
+        .max_by(f64::total_cmp);
+    match (base, end) {
+        (Some(base), Some(end)) => (end - base).max(0.0),
         _ => 0.0,
     }
 }
 
 /// How long after `from` a process's view was current for good: the answer of the first
-/// current sample after the last one that was not, among those answered after `from` (a page
-/// asked before and held up past it counts). Zero when every one of them was current; `None`
-/// when the last one was not.
+/// current sample asked after the last one asked that was not, among those answered after
+/// `from` (a page asked before and held up past it counts). Zero when every one of them was
+/// current; `None` when the last one asked was not.
 pub fn view_back_after(samples: &[ProcessSample], from: Instant) -> Option<Duration> {
-    let after: Vec<&ProcessSample> = samples.iter().filter(|s| s.answered >= from).collect();
+    let mut after: Vec<&ProcessSample> = samples.iter().filter(|s| s.answered >= from).collect();
+    after.sort_by_key(|s| s.asked);
     match after.iter().rposition(|s| !s.current) {
         None => Some(Duration::ZERO),
         Some(last_behind) => after
@@ -445,6 +464,10 @@ pub fn queue_warnings(processes: &[&SheafProcess]) -> String {
     const KINDS: &[(&str, &str)] = &[
         ("claim failed", "claims failed"),
         ("reading the queue's bucket failed", "watcher restarts"),
+        (
+            "reading the queue's bucket stalled",
+            "watcher restarts after a stall",
+        ),
         ("watching the queue's bucket failed", "watches refused"),
         ("lease renewal failed", "renewals failed"),
         ("jobs failed; trying again", "outcomes retried"),
