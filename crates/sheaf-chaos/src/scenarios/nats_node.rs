@@ -61,7 +61,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
 /// The scenario's sizes: events, per second, load before the kill, time the node stays down.
 fn sizes(quick: bool) -> (usize, f64, Duration, Duration) {
     if quick {
-        (760, 40.0, Duration::from_secs(3), Duration::from_secs(10))
+        (720, 40.0, Duration::from_secs(2), Duration::from_secs(10))
     } else {
         (2_000, 40.0, Duration::from_secs(8), Duration::from_secs(30))
     }
