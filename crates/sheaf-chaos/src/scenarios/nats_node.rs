@@ -42,7 +42,7 @@ use super::{TENANT, counters, event_ids, settle_deliveries, stop_clean};
 const CATCH_UP: Duration = Duration::from_secs(60);
 
 /// How long after the kill a process's view of the bucket may take to be current again: the
-/// election of a new leader takes 4 to 7 s here, and the watcher starts a stalled consumer again
+/// election of a new leader takes 4 to 8 s here, and the watcher starts a stalled consumer again
 /// 5 s after its last read. Before it did, a view could stop until the dead node came back.
 const VIEW_BACK: Duration = Duration::from_secs(30);
 
