@@ -36,6 +36,15 @@ impl ChDb {
         }
     }
 
+    /// Every server holding the database: the cluster's nodes, or the one server.
+    pub fn servers(&self) -> &[String] {
+        if self.nodes.is_empty() {
+            std::slice::from_ref(&self.url)
+        } else {
+            &self.nodes
+        }
+    }
+
     /// A client whose default database is this one.
     pub fn client(&self) -> Client {
         Client::default()
@@ -69,12 +78,7 @@ impl ChDb {
 
 impl Drop for ChDb {
     fn drop(&mut self) {
-        let urls = if self.nodes.is_empty() {
-            std::slice::from_ref(&self.url)
-        } else {
-            self.nodes.as_slice()
-        };
-        for url in urls {
+        for url in self.servers() {
             let dropped = drop_database_blocking(url, &self.database, Duration::from_secs(120));
             if let Err(why) = dropped {
                 eprintln!(
@@ -147,4 +151,49 @@ pub async fn query_costs(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(costs)
+}
+
+/// One table of a database on disk, every node of a cluster added up: its active parts'
+/// rows and bytes (`system.parts`).
+#[derive(Debug, Clone, clickhouse::Row, serde::Deserialize, serde::Serialize)]
+pub struct TableOnDisk {
+    pub table: String,
+    /// Rows in the active parts, every replica's copy counted.
+    pub rows: u64,
+    pub bytes_on_disk: u64,
+    /// Uncompressed bytes of the columns.
+    pub bytes_uncompressed: u64,
+    pub parts: u64,
+}
+
+/// The active parts of every table of `database`, summed over `nodes` (each replica counted:
+/// what the cluster holds on its disks). Tables with no part are left out.
+pub async fn tables_on_disk(nodes: &[String], database: &str) -> anyhow::Result<Vec<TableOnDisk>> {
+    let mut total: Vec<TableOnDisk> = Vec::new();
+    for node in nodes {
+        let rows: Vec<TableOnDisk> = Client::default()
+            .with_url(node.as_str())
+            .query(
+                "SELECT table, sum(rows) AS rows, sum(bytes_on_disk) AS bytes_on_disk, \
+                    sum(data_uncompressed_bytes) AS bytes_uncompressed, count() AS parts \
+                 FROM system.parts WHERE database = ? AND active \
+                 GROUP BY table ORDER BY table",
+            )
+            .bind(database)
+            .fetch_all()
+            .await
+            .with_context(|| format!("read system.parts on {node}"))?;
+        for row in rows {
+            match total.iter_mut().find(|t| t.table == row.table) {
+                Some(t) => {
+                    t.rows += row.rows;
+                    t.bytes_on_disk += row.bytes_on_disk;
+                    t.bytes_uncompressed += row.bytes_uncompressed;
+                    t.parts += row.parts;
+                }
+                None => total.push(row),
+            }
+        }
+    }
+    Ok(total)
 }

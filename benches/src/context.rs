@@ -21,6 +21,8 @@ pub struct Ctx {
     clickhouse_cluster: Option<(String, Vec<String>)>,
     rabbitmq_url: Option<String>,
     nats_url: Option<String>,
+    /// Every client URL of the NATS JetStream cluster (`services up --cluster`).
+    nats_cluster_urls: Option<Vec<String>>,
     sheaf_bin: Option<PathBuf>,
 }
 
@@ -48,6 +50,8 @@ impl Ctx {
             ),
             rabbitmq_url: var(sheaf_testenv::RABBITMQ_URL_VAR),
             nats_url: var(sheaf_testenv::NATS_URL_VAR),
+            nats_cluster_urls: var(sheaf_testenv::NATS_CLUSTER_URLS_VAR)
+                .map(|urls| urls.split(',').map(|u| u.trim().to_owned()).collect()),
             sheaf_bin: var(SHEAF_BIN_VAR).map(PathBuf::from),
         })
     }
@@ -102,6 +106,17 @@ impl Ctx {
             format!(
                 "{} is not set: run through `cargo xtask bench`, which starts the servers",
                 sheaf_testenv::NATS_URL_VAR
+            )
+        })
+    }
+
+    /// Every client URL of the NATS JetStream cluster (3 nodes, `n1` first), or an error that
+    /// says how to get them.
+    pub fn nats_cluster(&self) -> anyhow::Result<&[String]> {
+        self.nats_cluster_urls.as_deref().with_context(|| {
+            format!(
+                "{} is not set: run through `cargo xtask bench`, which starts the cluster for `delivery`",
+                sheaf_testenv::NATS_CLUSTER_URLS_VAR
             )
         })
     }

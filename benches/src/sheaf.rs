@@ -6,6 +6,7 @@
 //! PID, SIGKILL only if it does not stop in time.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sheaf_testenv::api::Api;
@@ -106,13 +107,7 @@ impl Sheaf {
 
     /// A client for publishing (cheap to clone).
     pub fn publisher(&self, tenant: &str) -> Publisher {
-        Publisher {
-            api: self.api.clone(),
-            url: self.url("/api/v1/publish"),
-            tenant: tenant.to_owned(),
-            topic: TOPIC.to_owned(),
-            key: None,
-        }
+        Publisher::across(std::slice::from_ref(self), tenant)
     }
 
     /// The `/metrics` page.
@@ -148,11 +143,12 @@ impl Sheaf {
     }
 }
 
-/// Publishes events for one tenant.
+/// Publishes events for one tenant, through one `sheaf` process or spread over several.
 #[derive(Debug, Clone)]
 pub struct Publisher {
     api: Api,
-    url: String,
+    /// The publish URL of each process; event `seq` goes to `urls[seq % len]`.
+    urls: Arc<[String]>,
     tenant: String,
     topic: String,
     /// Every event's `key`; `None`: one of 1,000 keys, by its seq.
@@ -160,6 +156,18 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher that spreads events over `processes` (at least one) by their seq, as a load
+    /// balancer in front of a fleet would: each gets every `processes.len()`-th event.
+    pub fn across(processes: &[Sheaf], tenant: &str) -> Publisher {
+        Publisher {
+            api: processes[0].api.clone(),
+            urls: processes.iter().map(|p| p.url("/api/v1/publish")).collect(),
+            tenant: tenant.to_owned(),
+            topic: TOPIC.to_owned(),
+            key: None,
+        }
+    }
+
     /// This publisher, publishing on `topic` instead of [`TOPIC`].
     pub fn on_topic(mut self, topic: &str) -> Self {
         self.topic = topic.to_owned();
@@ -186,9 +194,10 @@ impl Publisher {
             None => serde_json::json!({ "seq": seq, "key": seq % 1_000, "pad": pad }),
         };
         let id = format!("bench-{seq}");
+        let url = &self.urls[(seq % self.urls.len() as u64) as usize];
         let status = self
             .api
-            .publish_status(&self.url, &self.tenant, &self.topic, &id, &data)
+            .publish_status(url, &self.tenant, &self.topic, &id, &data)
             .await?;
         Ok(status == 202)
     }

@@ -32,7 +32,8 @@ pub fn bench(args: &[&str]) -> anyhow::Result<ExitCode> {
         }
     }
     // These measure the log on the ClickHouse cluster (beside the single server in `delivery`
-    // and `burst`).
+    // and `burst`), and `delivery` the JetStream queue on the NATS cluster: `--cluster` starts
+    // both.
     let cluster = names
         .iter()
         .any(|n| matches!(*n, "delivery" | "burst" | "clickhouse-insert" | "all"));

@@ -124,7 +124,7 @@ pub(super) async fn run(
     let latency = Duration::from_secs_f64(sizes.latency_ms / 1_000.0);
     let plain_rx = Receiver::builder().delay(latency).start().await?;
     let hot_rx = Receiver::builder().delay(latency).start().await?;
-    let stores = Stores::new(ctx, backend)?;
+    let stores = Stores::new(ctx, backend).await?;
     let log = ctx
         .out_dir
         .join("logs")

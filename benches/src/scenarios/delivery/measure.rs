@@ -1,14 +1,16 @@
-//! What `delivery` measures, per backend: a `sheaf serve` on it, a warm-up, the saturation and
-//! steady phases with their publish and delivery latencies, and, under the steady phase, what the
-//! Postgres queue and ClickHouse do (`queue.rs`), and much more second by second (`watch.rs`,
-//! `stall.rs`).
+//! What `delivery` measures, per backend: its `sheaf serve` processes (`fleet.rs`), a warm-up,
+//! the saturation and steady phases with their publish and delivery latencies and every
+//! process's CPU per event (`servers.rs`), and, under the steady phase, what the Postgres queue
+//! and ClickHouse do (`queue.rs`), and much more second by second (`watch.rs`, `stall.rs`). The
+//! JetStream configurations start with a backlog in their bucket (`jetstream.rs`); every
+//! configuration with a ClickHouse log ends with its tables' bytes on disk.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sheaf_testenv::receiver::Receiver;
 
-use crate::ch::ChDb;
+use crate::ch::{self, ChDb};
 use crate::context::Ctx;
 use crate::load::{self, Pace};
 use crate::pg::PgSchema;
@@ -16,7 +18,10 @@ use crate::progress::Progress;
 use crate::report;
 use crate::sheaf::{Publisher, Sheaf};
 
+use super::fleet::{Counters, Fleet};
+use super::jetstream::{self, Bucket};
 use super::queue::Sampler;
+use super::servers::{Servers, sheaf_per_event};
 use super::stall::{self, SecondBySecond};
 use super::watch::{Watched, Watcher};
 use super::{Backend, Measured, PAD_BYTES, Phase, Sizes, SteadyRun, TRACE_PERCENT_VAR};
@@ -29,7 +34,7 @@ pub(super) async fn run_backend(
 ) -> anyhow::Result<Measured> {
     let base = Instant::now();
     let receiver = Receiver::start().await?;
-    let stores = Stores::new(ctx, backend)?;
+    let stores = Stores::new(ctx, backend).await?;
     let mut env = stores.env.clone();
     // The OTLP sink: a second receiver, answering every export 200 (an empty response).
     let sink = match backend {
@@ -51,11 +56,12 @@ pub(super) async fn run_backend(
         .out_dir
         .join("logs")
         .join(format!("delivery-{backend:?}.log").to_lowercase());
-    let sheaf = Sheaf::start(bin, &env, &log).await?;
-    sheaf
+    let fleet = Fleet::start(bin, &env, &log, backend.processes()).await?;
+    fleet
+        .first()
         .add_destination_with("bench", &receiver.url(), backend.destination_settings())
         .await?;
-    let publisher = sheaf.publisher("bench");
+    let publisher = fleet.publisher("bench");
     let pad = Arc::new("x".repeat(PAD_BYTES));
     let payload_bytes =
         serde_json::to_vec(&serde_json::json!({ "seq": 12345, "pad": *pad }))?.len();
@@ -66,11 +72,34 @@ pub(super) async fn run_backend(
         (sizes.steady_seconds, 1)
     };
     let steady_count = (sizes.steady_rate * steady_seconds) as usize;
-    let total = sizes.warmup + sizes.saturation_events + steady_count * steady_runs;
+    let backlog_events = if stores.bucket.is_some() {
+        sizes.backlog_events
+    } else {
+        0
+    };
+    let total =
+        backlog_events + sizes.warmup + sizes.saturation_events + steady_count * steady_runs;
     let progress = Arc::new(Progress::new(
         format!("delivery: {}", backend.label()),
         total as u64,
     ));
+    // First, in a bucket that holds nothing else yet: what a waiting job costs the stream.
+    let backlog = match &stores.bucket {
+        Some(bucket) => {
+            let load = jetstream::Load {
+                publisher: &publisher,
+                receiver: &receiver,
+                pad: &pad,
+                progress: &progress,
+                publishers: sizes.publishers,
+                base,
+            };
+            let backlog = jetstream::backlog(bucket, &load, backlog_events).await?;
+            receiver.reset();
+            Some(backlog)
+        }
+        None => None,
+    };
     // Warm-up: connections, caches, first parts; not measured.
     let warm = load::publish(
         &publisher,
@@ -87,12 +116,13 @@ pub(super) async fn run_backend(
         .wait_for_count(warm_ok, Duration::from_secs(60))
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_before_kib = sheaf.rss_kib().unwrap_or(0);
+    let rss_before_kib = fleet.rss_kib().unwrap_or(0);
 
     let first = 1_000_000;
     receiver.reset();
     let servers = Servers::find(ctx, backend);
-    let cpu_before = sheaf.cpu_time();
+    let counters_before = fleet.counters().await;
+    let cpu_before = fleet.cpu_times();
     let servers_before = servers.cpu_time();
     let sat = load::publish(
         &publisher,
@@ -109,16 +139,26 @@ pub(super) async fn run_backend(
         .wait_for_count(accepted, Duration::from_secs(300))
         .await;
     let mut saturation = phase(&sat, first, &receiver, base);
-    saturation.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, sheaf.cpu_time(), &saturation);
+    sheaf_per_event(&cpu_before, &fleet.cpu_times(), &mut saturation);
     servers.per_event(servers_before, &mut saturation);
+    let saturation_counters = Counters::total(
+        &fleet
+            .counters()
+            .await
+            .iter()
+            .zip(&counters_before)
+            .map(|(after, before)| after.since(before))
+            .collect::<Vec<_>>(),
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_after_saturation_kib = sheaf.rss_kib().unwrap_or(0);
+    let rss_after_saturation_kib = fleet.rss_kib().unwrap_or(0);
 
     // Postgres + ClickHouse's steady phase as many times as asked, one after another in this
     // process: a later run starts with what the earlier ones left (dead tuples, parts, the
     // outbox's and the log's growth), as a longer steady load would.
     let rig = Rig {
-        sheaf: &sheaf,
+        backend,
+        fleet: &fleet,
         publisher: &publisher,
         receiver: &receiver,
         stores: &stores,
@@ -132,17 +172,39 @@ pub(super) async fn run_backend(
         let first = 2_000_000 + run as u64 * 10_000_000;
         steady.push(steady_run(&rig, sizes, steady_count, first).await?);
     }
+    let after_steady = match &stores.bucket {
+        Some(bucket) => Some(bucket.state().await?),
+        None => None,
+    };
     // Where the memory configuration's CPU goes at saturation: a third run of the saturation
     // load under perf, after the measured phases (sampling costs CPU of its own, so it is kept
     // out of their figures). Not under --quick.
     let profile = if backend == Backend::Memory && !ctx.quick {
-        profile_saturation(ctx, &sheaf, &publisher, &receiver, sizes, &pad).await
+        profile_saturation(ctx, fleet.first(), &publisher, &receiver, sizes, &pad).await
     } else {
         None
     };
     progress.finish();
-    let peak_rss_mib = sheaf.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
-    sheaf.stop().await?;
+    let peak_rss_mib = fleet.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    let processes = fleet.counters().await;
+    fleet.stop().await?;
+    // After the processes stopped, so every row they held was written.
+    let clickhouse_disk = match &stores.clickhouse {
+        Some(db) => ch::tables_on_disk(db.servers(), &db.database).await?,
+        None => Vec::new(),
+    };
+    let accepted_events = backlog.as_ref().map_or(0, |b| b.accepted)
+        + warm_ok
+        + saturation.accepted()
+        + steady.iter().map(|run| run.phase.accepted()).sum::<usize>();
+    let jetstream = match (&stores.bucket, backlog) {
+        (Some(bucket), Some(backlog)) => Some(jetstream::Stream {
+            bucket: bucket.name.clone(),
+            backlog,
+            after_steady,
+        }),
+        _ => None,
+    };
     drop(stores);
     let trace_exports = sink.map(|sink| sink.requests().0);
 
@@ -160,6 +222,11 @@ pub(super) async fn run_backend(
         peak_rss_mib,
         trace_exports,
         profile,
+        processes,
+        saturation_counters,
+        clickhouse_disk,
+        jetstream,
+        accepted_events,
     })
 }
 
@@ -170,24 +237,33 @@ pub(super) struct Stores {
     pub(super) env: Vec<(&'static str, String)>,
     pub(super) schema: Option<PgSchema>,
     pub(super) clickhouse: Option<ChDb>,
+    /// The JetStream configurations' bucket, one for all their processes.
+    pub(super) bucket: Option<Bucket>,
     data_dir: Option<std::path::PathBuf>,
 }
 
 impl Stores {
-    pub(super) fn new(ctx: &Ctx, backend: Backend) -> anyhow::Result<Self> {
+    pub(super) async fn new(ctx: &Ctx, backend: Backend) -> anyhow::Result<Self> {
         let mut stores = Stores {
             env: Vec::new(),
             schema: None,
             clickhouse: None,
+            bucket: None,
             data_dir: None,
         };
         let env = &mut stores.env;
         match backend.stores() {
             Backend::Postgres
             | Backend::PostgresClickHouse
-            | Backend::PostgresClickHouseCluster => {
+            | Backend::PostgresClickHouseCluster
+            | Backend::JetStreamCluster1 => {
                 let schema = PgSchema::new(ctx.postgres()?, "bench_delivery");
-                env.push(("SHEAF_QUEUE", "postgres".to_owned()));
+                let queue = if backend.queue_in_postgres() {
+                    "postgres"
+                } else {
+                    "jetstream"
+                };
+                env.push(("SHEAF_QUEUE", queue.to_owned()));
                 // Named after the schema, so the steady phase's watcher tells sheaf's
                 // connections in `pg_stat_activity` from those of anything else on the server.
                 let sep = if schema.url.contains('?') { '&' } else { '?' };
@@ -223,7 +299,19 @@ impl Stores {
             env.push(("SHEAF_CLICKHOUSE_DATABASE", db.database.clone()));
             stores.clickhouse = Some(db);
         }
-        if backend.stores() == Backend::PostgresClickHouseCluster {
+        if backend.stores() == Backend::JetStreamCluster1 {
+            // One bucket, kept on the cluster's 3 nodes, shared by every process of the run.
+            let urls = ctx.nats_cluster()?;
+            let bucket = Bucket::new(urls).await?;
+            env.push(("SHEAF_JETSTREAM_URLS", urls.join(",")));
+            env.push(("SHEAF_JETSTREAM_BUCKET", bucket.name.clone()));
+            env.push(("SHEAF_JETSTREAM_REPLICAS", "3".to_owned()));
+            stores.bucket = Some(bucket);
+        }
+        if matches!(
+            backend.stores(),
+            Backend::PostgresClickHouseCluster | Backend::JetStreamCluster1
+        ) {
             let (name, nodes) = ctx.clickhouse_cluster()?;
             let db = ChDb::on_cluster(nodes, "bench_delivery");
             env.push(("SHEAF_LOG_STORE", "clickhouse".to_owned()));
@@ -295,7 +383,8 @@ async fn profile_saturation(
 
 /// What a steady run drives and reads.
 struct Rig<'a> {
-    sheaf: &'a Sheaf,
+    backend: Backend,
+    fleet: &'a Fleet,
     publisher: &'a Publisher,
     receiver: &'a Receiver,
     stores: &'a Stores,
@@ -314,20 +403,27 @@ async fn steady_run(
     first: u64,
 ) -> anyhow::Result<SteadyRun> {
     rig.receiver.reset();
-    let cpu_before = rig.sheaf.cpu_time();
+    let cpu_before = rig.fleet.cpu_times();
     let servers_before = rig.servers.cpu_time();
     let every = Duration::from_secs_f64(sizes.sample_every_s);
     let clickhouse = rig.stores.clickhouse.as_ref();
-    let (sampler, watcher) = match &rig.stores.schema {
+    // The sampler and the watcher read the Postgres queue's table and claim statement.
+    let watched_schema = rig
+        .stores
+        .schema
+        .as_ref()
+        .filter(|_| rig.backend.queue_in_postgres());
+    let (sampler, watcher) = match watched_schema {
         Some(schema) => {
+            let sheaf = rig.fleet.first();
             let watched = Watched {
                 postgres_url: schema.url.clone(),
                 schema: schema.schema.clone(),
-                sheaf_pid: rig.sheaf.pid(),
+                sheaf_pid: sheaf.pid(),
                 postgres_pid: rig.servers.postgres,
                 // On a cluster, the node Sheaf queries.
                 clickhouse_pid: rig.servers.clickhouse.first().copied(),
-                metrics_url: rig.sheaf.url("/metrics"),
+                metrics_url: sheaf.url("/metrics"),
             };
             (
                 Some(Sampler::start(schema, clickhouse, every).await?),
@@ -356,7 +452,8 @@ async fn steady_run(
     };
     let delivered_at = load::delivered_at(rig.receiver, rig.base);
     let mut phase = phase_of(&sent, first, &delivered_at);
-    phase.sheaf_cpu_us_per_event = cpu_per_event(cpu_before, rig.sheaf.cpu_time(), &phase);
+    phase.duplicates = rig.receiver.duplicates();
+    sheaf_per_event(&cpu_before, &rig.fleet.cpu_times(), &mut phase);
     rig.servers.per_event(servers_before, &mut phase);
     let queue = match sampler {
         Some(sampler) => Some(sampler.finish(clickhouse).await?),
@@ -375,7 +472,10 @@ async fn steady_run(
 }
 
 pub(super) fn phase(sent: &load::Sent, first: u64, receiver: &Receiver, base: Instant) -> Phase {
-    phase_of(sent, first, &load::delivered_at(receiver, base))
+    Phase {
+        duplicates: receiver.duplicates(),
+        ..phase_of(sent, first, &load::delivered_at(receiver, base))
+    }
 }
 
 /// [`phase`], from the deliveries' arrival times already read.
@@ -406,91 +506,11 @@ fn phase_of(
         sheaf_cpu_us_per_event: None,
         postgres_cpu_us_per_event: None,
         clickhouse_cpu_us_per_event: None,
+        nats_cpu_us_per_event: None,
+        nats_node_cpu_us_per_event: Vec::new(),
+        sheaf_process_cpu_us_per_event: Vec::new(),
+        duplicates: 0,
     }
-}
-
-/// The database servers a configuration uses, by the process listening on each one's port.
-struct Servers {
-    postgres: Option<u32>,
-    /// Every ClickHouse process of the configuration (each node of a cluster).
-    clickhouse: Vec<u32>,
-}
-
-/// Their CPU time at one moment.
-struct ServersCpu {
-    postgres: Option<Duration>,
-    clickhouse: Option<Duration>,
-}
-
-impl Servers {
-    fn find(ctx: &Ctx, backend: Backend) -> Self {
-        let listener = |url: anyhow::Result<&str>| {
-            url.ok()
-                .and_then(port_of)
-                .and_then(sheaf_testenv::process::listener_pid)
-        };
-        let postgres = matches!(
-            backend.stores(),
-            Backend::Postgres | Backend::PostgresClickHouse | Backend::PostgresClickHouseCluster
-        );
-        let clickhouse = match backend.stores() {
-            Backend::PostgresClickHouse => listener(ctx.clickhouse()).into_iter().collect(),
-            Backend::PostgresClickHouseCluster => ctx
-                .clickhouse_cluster()
-                .map(|(_, nodes)| {
-                    nodes
-                        .iter()
-                        .filter_map(|node| listener(Ok(node.as_str())))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        };
-        Servers {
-            postgres: postgres.then(|| listener(ctx.postgres())).flatten(),
-            clickhouse,
-        }
-    }
-
-    fn cpu_time(&self) -> ServersCpu {
-        use sheaf_testenv::process::tree_cpu_time;
-        ServersCpu {
-            postgres: self.postgres.and_then(tree_cpu_time),
-            // The nodes' sum; none if any of them cannot be read.
-            clickhouse: (!self.clickhouse.is_empty())
-                .then(|| {
-                    self.clickhouse
-                        .iter()
-                        .map(|&pid| tree_cpu_time(pid))
-                        .sum::<Option<Duration>>()
-                })
-                .flatten(),
-        }
-    }
-
-    fn per_event(&self, before: ServersCpu, phase: &mut Phase) {
-        let after = self.cpu_time();
-        phase.postgres_cpu_us_per_event = cpu_per_event(before.postgres, after.postgres, phase);
-        phase.clickhouse_cpu_us_per_event =
-            cpu_per_event(before.clickhouse, after.clickhouse, phase);
-    }
-}
-
-/// The port of a `scheme://[user[:password]@]host:port/…` URL.
-fn port_of(url: &str) -> Option<u16> {
-    let authority = url.split_once("://")?.1.split(['/', '?']).next()?;
-    let host_port = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, rest)| rest);
-    host_port.rsplit_once(':')?.1.parse().ok()
-}
-
-/// CPU µs per delivered event between two readings of the process's CPU time. The readings
-/// bracket the phase (from before its first publish to after its last delivery was seen), so
-/// they include the moments the process waited for the load: idle time costs no CPU.
-fn cpu_per_event(before: Option<Duration>, after: Option<Duration>, phase: &Phase) -> Option<f64> {
-    let used = after?.checked_sub(before?)?;
-    (phase.delivered > 0).then(|| used.as_secs_f64() * 1e6 / phase.delivered as f64)
 }
 
 fn publish_ms(sent: &load::Sent) -> Vec<f64> {

@@ -35,10 +35,14 @@ use serde::Serialize;
 use crate::context::Ctx;
 use crate::report::Report;
 
+mod fleet;
 mod hotkey;
+mod jetstream;
 mod measure;
 mod queue;
 mod report;
+mod scaleout;
+mod servers;
 mod stall;
 mod watch;
 
@@ -85,6 +89,15 @@ pub(super) enum Backend {
     MemoryHotKey,
     /// The same on Postgres + ClickHouse.
     PostgresClickHouseHotKey,
+    /// The JetStream queue, its bucket kept on the 3 nodes of the NATS cluster of `services up
+    /// --cluster`, with the log on the ClickHouse cluster and tenants in Postgres, through one
+    /// `sheaf` process (`jetstream.rs`).
+    JetStreamCluster1,
+    /// The same through two processes sharing the bucket, the schema and the database; the
+    /// load spreads its publishes over them.
+    JetStreamCluster2,
+    /// The same through three.
+    JetStreamCluster3,
 }
 
 impl Backend {
@@ -102,7 +115,53 @@ impl Backend {
             Backend::PostgresClickHouseCluster => "Postgres + ClickHouse cluster (2 × 2)",
             Backend::MemoryHotKey => "memory, one hot key",
             Backend::PostgresClickHouseHotKey => "Postgres + ClickHouse, one hot key",
+            Backend::JetStreamCluster1 => "JetStream (3 replicas) + ClickHouse cluster, 1 process",
+            Backend::JetStreamCluster2 => {
+                "JetStream (3 replicas) + ClickHouse cluster, 2 processes"
+            }
+            Backend::JetStreamCluster3 => {
+                "JetStream (3 replicas) + ClickHouse cluster, 3 processes"
+            }
         }
+    }
+
+    /// Its name in `SHEAF_BENCH_DELIVERY_BACKENDS`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::MemoryTraced => "traced",
+            Backend::MemoryTransformed => "transformed",
+            Backend::MemoryOrdered => "ordered",
+            Backend::Sqlite => "sqlite",
+            Backend::SqliteFull => "sqlite-full",
+            Backend::Postgres => "postgres",
+            Backend::PostgresClickHouse => "clickhouse",
+            Backend::PostgresClickHouseCluster => "clickhouse-cluster",
+            Backend::PostgresClickHouseOrdered => "clickhouse-ordered",
+            Backend::MemoryHotKey => "hot-key",
+            Backend::PostgresClickHouseHotKey => "clickhouse-hot-key",
+            Backend::JetStreamCluster1 => "jetstream-cluster-1",
+            Backend::JetStreamCluster2 => "jetstream-cluster-2",
+            Backend::JetStreamCluster3 => "jetstream-cluster-3",
+        }
+    }
+
+    /// How many `sheaf serve` processes it runs.
+    pub(super) fn processes(self) -> usize {
+        match self {
+            Backend::JetStreamCluster2 => 2,
+            Backend::JetStreamCluster3 => 3,
+            _ => 1,
+        }
+    }
+
+    /// Whether its queue is in Postgres: the steady phase's queue sampler and second-by-second
+    /// watcher read the jobs table and the claim statement.
+    pub(super) fn queue_in_postgres(self) -> bool {
+        matches!(
+            self.stores(),
+            Backend::Postgres | Backend::PostgresClickHouse | Backend::PostgresClickHouseCluster
+        )
     }
 
     /// The stores it runs on: a variant's plain configuration.
@@ -115,6 +174,7 @@ impl Backend {
             Backend::PostgresClickHouseOrdered | Backend::PostgresClickHouseHotKey => {
                 Backend::PostgresClickHouse
             }
+            Backend::JetStreamCluster2 | Backend::JetStreamCluster3 => Backend::JetStreamCluster1,
             other => other,
         }
     }
@@ -140,8 +200,10 @@ impl Backend {
 }
 
 /// Development knobs, for profiling one configuration without the whole run: a comma-separated
-/// subset of `memory,traced,transformed,ordered,sqlite,sqlite-full,postgres,clickhouse,clickhouse-cluster,clickhouse-ordered,hot-key,clickhouse-hot-key` and a steady phase length in seconds. The figures in
-/// docs/benchmarks.md always come from a run without them.
+/// subset of the configurations' names ([`Backend::name`]; a name ending in `*` selects every
+/// configuration it begins, so `jetstream-cluster*` is the three JetStream ones) and a steady
+/// phase length in seconds. The figures in docs/benchmarks.md always come from a run without
+/// them, or say so.
 const BACKENDS_VAR: &str = "SHEAF_BENCH_DELIVERY_BACKENDS";
 const STEADY_SECONDS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_SECONDS";
 /// And the traced run's `SHEAF_OTLP_SAMPLE_PERCENT` (100 by default, as the service's).
@@ -152,43 +214,55 @@ const TRACE_PERCENT_VAR: &str = "SHEAF_BENCH_DELIVERY_TRACE_PERCENT";
 /// `SHEAF_BENCH_DELIVERY_STEADY_REPEATS=3` measures in one invocation.
 const STEADY_REPEATS_VAR: &str = "SHEAF_BENCH_DELIVERY_STEADY_REPEATS";
 
+/// Every configuration, in the order a full run measures them.
+const ALL: [Backend; 15] = [
+    Backend::Memory,
+    Backend::MemoryTraced,
+    Backend::MemoryTransformed,
+    Backend::MemoryOrdered,
+    Backend::Sqlite,
+    Backend::SqliteFull,
+    Backend::Postgres,
+    Backend::PostgresClickHouse,
+    Backend::PostgresClickHouseCluster,
+    Backend::JetStreamCluster1,
+    Backend::JetStreamCluster2,
+    Backend::JetStreamCluster3,
+    Backend::PostgresClickHouseOrdered,
+    Backend::MemoryHotKey,
+    Backend::PostgresClickHouseHotKey,
+];
+
 fn backends() -> anyhow::Result<Vec<Backend>> {
-    let all = vec![
-        Backend::Memory,
-        Backend::MemoryTraced,
-        Backend::MemoryTransformed,
-        Backend::MemoryOrdered,
-        Backend::Sqlite,
-        Backend::SqliteFull,
-        Backend::Postgres,
-        Backend::PostgresClickHouse,
-        Backend::PostgresClickHouseCluster,
-        Backend::PostgresClickHouseOrdered,
-        Backend::MemoryHotKey,
-        Backend::PostgresClickHouseHotKey,
-    ];
-    let Ok(list) = std::env::var(BACKENDS_VAR) else {
-        return Ok(all);
-    };
-    list.split(',')
-        .map(|name| match name.trim() {
-            "memory" => Ok(Backend::Memory),
-            "traced" => Ok(Backend::MemoryTraced),
-            "transformed" => Ok(Backend::MemoryTransformed),
-            "ordered" => Ok(Backend::MemoryOrdered),
-            "clickhouse-ordered" => Ok(Backend::PostgresClickHouseOrdered),
-            "sqlite" => Ok(Backend::Sqlite),
-            "sqlite-full" => Ok(Backend::SqliteFull),
-            "postgres" => Ok(Backend::Postgres),
-            "clickhouse" => Ok(Backend::PostgresClickHouse),
-            "clickhouse-cluster" => Ok(Backend::PostgresClickHouseCluster),
-            "hot-key" => Ok(Backend::MemoryHotKey),
-            "clickhouse-hot-key" => Ok(Backend::PostgresClickHouseHotKey),
-            other => anyhow::bail!(
-                "{BACKENDS_VAR}: unknown backend `{other}`; expected memory, traced, transformed, ordered, sqlite, sqlite-full, postgres, clickhouse, clickhouse-cluster, clickhouse-ordered, hot-key or clickhouse-hot-key"
-            ),
-        })
-        .collect()
+    match std::env::var(BACKENDS_VAR) {
+        Ok(list) => select(&list),
+        Err(_) => Ok(ALL.to_vec()),
+    }
+}
+
+/// The configurations a `SHEAF_BENCH_DELIVERY_BACKENDS` list names, in its order.
+fn select(list: &str) -> anyhow::Result<Vec<Backend>> {
+    let mut selected = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let matching: Vec<Backend> = match name.strip_suffix('*') {
+            Some(prefix) => ALL
+                .into_iter()
+                .filter(|b| b.name().starts_with(prefix))
+                .collect(),
+            None => ALL.into_iter().filter(|b| b.name() == name).collect(),
+        };
+        anyhow::ensure!(
+            !matching.is_empty(),
+            "{BACKENDS_VAR}: unknown backend `{name}`; expected one of {} (a name may end in `*`)",
+            ALL.map(Backend::name).join(", ")
+        );
+        for backend in matching {
+            if !selected.contains(&backend) {
+                selected.push(backend);
+            }
+        }
+    }
+    Ok(selected)
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -205,6 +279,9 @@ pub(super) struct Sizes {
     pub(super) sample_every_s: f64,
     /// Postgres + ClickHouse's steady runs, one after another.
     pub(super) steady_repeats: usize,
+    /// The JetStream configurations' backlog: events published while the receiver refuses
+    /// every delivery (`jetstream.rs`).
+    pub(super) backlog_events: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -230,6 +307,34 @@ pub(super) struct Phase {
     /// the configurations that use them.
     pub(super) postgres_cpu_us_per_event: Option<f64>,
     pub(super) clickhouse_cpu_us_per_event: Option<f64>,
+    /// The NATS cluster's three nodes, summed, in the JetStream configurations.
+    pub(super) nats_cpu_us_per_event: Option<f64>,
+    /// The same per node, in the order of their URLs (`n1` first); empty when not read.
+    pub(super) nats_node_cpu_us_per_event: Vec<f64>,
+    /// Each `sheaf` process's own share (they add up to `sheaf_cpu_us_per_event`).
+    pub(super) sheaf_process_cpu_us_per_event: Vec<f64>,
+    /// Deliveries answered 200 beyond the first for their event.
+    pub(super) duplicates: usize,
+}
+
+impl Phase {
+    /// Publishes answered 202.
+    pub(super) fn accepted(&self) -> usize {
+        self.published
+            .saturating_sub((self.refused + self.errors) as usize)
+    }
+
+    /// CPU µs per delivered event of every process the configuration runs, summed; `None`
+    /// unless `sheaf`'s was read (the servers it does not use count as none).
+    pub(super) fn total_cpu_us_per_event(&self) -> Option<f64> {
+        let sheaf = self.sheaf_cpu_us_per_event?;
+        Some(
+            sheaf
+                + self.postgres_cpu_us_per_event.unwrap_or(0.0)
+                + self.clickhouse_cpu_us_per_event.unwrap_or(0.0)
+                + self.nats_cpu_us_per_event.unwrap_or(0.0),
+        )
+    }
 }
 
 /// One steady run.
@@ -257,6 +362,17 @@ pub(super) struct Measured {
     pub(super) trace_exports: Option<usize>,
     /// The memory configuration's profile at saturation (full runs, with perf).
     pub(super) profile: Option<crate::profile::Summary>,
+    /// Each `sheaf` process's counters over the whole run (one per process).
+    pub(super) processes: Vec<fleet::Counters>,
+    /// The same over the saturation phase alone, every process added up.
+    pub(super) saturation_counters: fleet::Counters,
+    /// The log's tables on disk after the run, every node of a cluster counted.
+    pub(super) clickhouse_disk: Vec<crate::ch::TableOnDisk>,
+    /// The JetStream configurations: the bucket's stream, and a backlog of waiting jobs in it.
+    pub(super) jetstream: Option<jetstream::Stream>,
+    /// Events accepted over the whole run, every phase (the warm-up and the backlog included):
+    /// what the log's tables hold.
+    pub(super) accepted_events: usize,
 }
 
 impl Measured {
@@ -276,6 +392,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         long_steady_seconds: ctx.size(300.0, 3.0),
         sample_every_s: ctx.size(5.0, 0.5),
         steady_repeats: 1,
+        backlog_events: ctx.size(1_000, 50),
     };
     let mut sizes = sizes;
     if let Some(seconds) = std::env::var(STEADY_SECONDS_VAR)

@@ -250,9 +250,10 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
     let mut report = Report::new("delivery", QUESTION, ctx);
     let mut table = Table::new(
         format!(
-            "One `sheaf serve`, one webhook destination on loopback, ~1 KB payloads; saturation: \
-             {} events from {} publishers with unique ids; steady: {} events/s for {:.0} s \
-             (Postgres + ClickHouse: {:.0} s{})",
+            "One `sheaf serve` (the JetStream configurations: as many as they say, CPU summed, \
+             peak RSS of the largest), one webhook destination on loopback, ~1 KB payloads; \
+             saturation: {} events from {} publishers with unique ids; steady: {} events/s for \
+             {:.0} s (Postgres + ClickHouse: {:.0} s{})",
             report::count(sizes.saturation_events as f64),
             sizes.publishers,
             report::count(sizes.steady_rate),
@@ -277,7 +278,7 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
             "max latency",
             "publish p50 / p99",
             "events/s vs memory",
-            "CPU µs/event: sheaf / Postgres / ClickHouse",
+            "CPU µs/event: sheaf / Postgres / ClickHouse / NATS",
             "peak RSS (sheaf)",
         ],
     );
@@ -317,6 +318,7 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
                     p.sheaf_cpu_us_per_event,
                     p.postgres_cpu_us_per_event,
                     p.clickhouse_cpu_us_per_event,
+                    p.nats_cpu_us_per_event,
                 ]
                 .map(|us| us.map_or_else(|| "–".to_owned(), |us| format!("{us:.0}")))
                 .join(" / "),
@@ -326,6 +328,7 @@ pub(super) fn build_report(ctx: &Ctx, sizes: &Sizes, measured: Vec<Measured>) ->
     }
     report.tables.push(table);
     queue_report(&mut report, sizes, &measured);
+    super::scaleout::add_to_report(&mut report, &measured);
     seconds_report(&mut report, &measured);
     for m in &measured {
         report.memory.push(PeakRss::new(
