@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use sheaf_store::{ClaimedJob, EventKey, Payload, Reschedule, Timestamp, TraceContext};
+use sheaf_store::{
+    Attempt, AttemptTrigger, ClaimedJob, EventKey, Job, Payload, Reschedule, Timestamp,
+    TraceContext,
+};
 
 use super::Outcome;
 use super::worker::jittered;
@@ -121,8 +124,7 @@ pub(super) async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved
         // A retry without an attempt time, or whose attempt never showed: from the event.
         Ok(None) => resolve_event(core, claimed).await,
         Ok(Some(latest)) => {
-            let superseded = job.last_attempt_time.is_some_and(|t| latest.time > t);
-            if latest.status.settles() || superseded {
+            if latest.status.settles() || superseded(job, &latest) {
                 core.metrics.delivery(DeliveryOutcome::Superseded);
                 Resolved::Done(Outcome::Complete(claimed.lease))
             } else {
@@ -136,6 +138,17 @@ pub(super) async fn resolve_retry(core: &Core, claimed: &ClaimedJob) -> Resolved
     }
 }
 
+/// Whether `latest`, newer than the attempt `job` carries, makes `job` unneeded: only when an
+/// operator made it (a manual retry or a replay, whose first attempt is marked manual), which
+/// goes on delivering on its own. A newer scheduled attempt that did not settle is this job's
+/// own, whose outcome was never written (the queue refused the write through an election, or
+/// the process died before it), so the job still carries the attempt before it: finishing
+/// would drop an event that was never delivered, so it is delivered again instead.
+fn superseded(job: &Job, latest: &Attempt) -> bool {
+    latest.trigger == AttemptTrigger::Manual
+        && job.last_attempt_time.is_some_and(|t| latest.time > t)
+}
+
 /// Whether an attempt made at `time` should be found in the log store by now.
 fn logged_by_now(time: Timestamp) -> bool {
     age(time) > ATTEMPT_LOGGED_WITHIN
@@ -147,4 +160,38 @@ fn age(time: Timestamp) -> Duration {
         .as_datetime()
         .signed_duration_since(time.as_datetime());
     since.to_std().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use sheaf_store::testkit::fixtures::{attempt, event, job, shift, unique_tenant};
+    use sheaf_store::{AttemptTrigger, Timestamp};
+
+    #[test]
+    fn only_an_operators_newer_attempt_supersedes_a_retry() {
+        let tenant = unique_tenant("resolve");
+        let now = Timestamp::now();
+        let earlier = shift(now, -10_000_000);
+        let retry = sheaf_store::Job {
+            attempt_number: 3,
+            last_attempt_time: Some(earlier),
+            ..job(&tenant, now)
+        };
+        let event = event(&tenant, retry.event_id.as_str(), "t", earlier);
+        // The job's own third attempt, whose outcome was never written: deliver again.
+        let own = attempt(&event, retry.destination_id, now);
+        assert!(!super::superseded(&retry, &own));
+        // An operator's retry after the job's attempt: it goes on by itself.
+        let manual = sheaf_store::Attempt {
+            trigger: AttemptTrigger::Manual,
+            ..own.clone()
+        };
+        assert!(super::superseded(&retry, &manual));
+        // The attempt the job carries, or an older one, never supersedes it.
+        let carried = sheaf_store::Attempt {
+            time: earlier,
+            ..manual
+        };
+        assert!(!super::superseded(&retry, &carried));
+    }
 }
