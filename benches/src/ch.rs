@@ -197,3 +197,62 @@ pub async fn tables_on_disk(nodes: &[String], database: &str) -> anyhow::Result<
     }
     Ok(total)
 }
+
+/// One kind of query a database received, every node added up, from `system.query_log`.
+#[derive(Debug, Clone, clickhouse::Row, serde::Deserialize, serde::Serialize)]
+pub struct QueriesOfKind {
+    /// `Insert` or `Select`.
+    pub kind: String,
+    /// 1: a query a client sent; 0: one a node sent another (a `Distributed` table's insert
+    /// into a replica, or its query to the other shard).
+    pub initial: u8,
+    pub queries: u64,
+    /// `ProfileEvents` user plus system CPU time, in microseconds.
+    pub cpu_micros: u64,
+    /// Rows written, as the log counts them (an insert into a `Distributed` table counts its
+    /// own replica's rows on top of the batch's).
+    pub written_rows: u64,
+}
+
+/// The finished inserts and selects that touched `database` on each of `nodes`, by kind and
+/// by whether a client or a node sent them, summed over the nodes (after `SYSTEM FLUSH LOGS`
+/// on each).
+pub async fn queries_by_kind(
+    nodes: &[String],
+    database: &str,
+) -> anyhow::Result<Vec<QueriesOfKind>> {
+    let mut total: Vec<QueriesOfKind> = Vec::new();
+    for node in nodes {
+        let client = Client::default().with_url(node.as_str());
+        flush_logs(&client).await?;
+        let rows: Vec<QueriesOfKind> = client
+            .query(
+                "SELECT toString(query_kind) AS kind, is_initial_query AS initial, \
+                    count() AS queries, \
+                    sum(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds']) AS cpu_micros, \
+                    sum(written_rows) AS written_rows \
+                 FROM system.query_log \
+                 WHERE type = 'QueryFinish' AND has(databases, ?) \
+                    AND query_kind IN ('Insert', 'Select') AND event_date >= yesterday() \
+                 GROUP BY kind, initial ORDER BY kind, initial DESC",
+            )
+            .bind(database)
+            .fetch_all()
+            .await
+            .with_context(|| format!("read system.query_log on {node}"))?;
+        for row in rows {
+            match total
+                .iter_mut()
+                .find(|t| t.kind == row.kind && t.initial == row.initial)
+            {
+                Some(t) => {
+                    t.queries += row.queries;
+                    t.cpu_micros += row.cpu_micros;
+                    t.written_rows += row.written_rows;
+                }
+                None => total.push(row),
+            }
+        }
+    }
+    Ok(total)
+}

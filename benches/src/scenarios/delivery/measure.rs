@@ -172,8 +172,13 @@ pub(super) async fn run_backend(
         let first = 2_000_000 + run as u64 * 10_000_000;
         steady.push(steady_run(&rig, sizes, steady_count, first).await?);
     }
+    // Not worth the run's other figures when the cluster does not answer: said, and left out.
     let after_steady = match &stores.bucket {
-        Some(bucket) => Some(bucket.state().await?),
+        Some(bucket) => bucket
+            .state()
+            .await
+            .inspect_err(|e| eprintln!("sheaf-bench: the stream after the steady phase: {e:#}"))
+            .ok(),
         None => None,
     };
     // Where the memory configuration's CPU goes at saturation: a third run of the saturation
@@ -189,9 +194,12 @@ pub(super) async fn run_backend(
     let processes = fleet.counters().await;
     fleet.stop().await?;
     // After the processes stopped, so every row they held was written.
-    let clickhouse_disk = match &stores.clickhouse {
-        Some(db) => ch::tables_on_disk(db.servers(), &db.database).await?,
-        None => Vec::new(),
+    let (clickhouse_disk, clickhouse_queries) = match &stores.clickhouse {
+        Some(db) => (
+            ch::tables_on_disk(db.servers(), &db.database).await?,
+            ch::queries_by_kind(db.servers(), &db.database).await?,
+        ),
+        None => (Vec::new(), Vec::new()),
     };
     let accepted_events = backlog.as_ref().map_or(0, |b| b.accepted)
         + warm_ok
@@ -225,6 +233,7 @@ pub(super) async fn run_backend(
         processes,
         saturation_counters,
         clickhouse_disk,
+        clickhouse_queries,
         jetstream,
         accepted_events,
     })

@@ -368,6 +368,8 @@ pub(super) struct Measured {
     pub(super) saturation_counters: fleet::Counters,
     /// The log's tables on disk after the run, every node of a cluster counted.
     pub(super) clickhouse_disk: Vec<crate::ch::TableOnDisk>,
+    /// The inserts and selects the log's database received over the run, every node counted.
+    pub(super) clickhouse_queries: Vec<crate::ch::QueriesOfKind>,
     /// The JetStream configurations: the bucket's stream, and a backlog of waiting jobs in it.
     pub(super) jetstream: Option<jetstream::Stream>,
     /// Events accepted over the whole run, every phase (the warm-up and the backlog included):

@@ -39,6 +39,7 @@ pub(super) fn add_to_report(report: &mut Report, measured: &[Measured]) {
     spread_table(report, &compared);
     stream_table(report, &compared);
     disk_table(report, &compared);
+    queries_table(report, &compared);
     nothing_lost(report, &compared);
     report.note(
         "Past one machine: every process of these configurations (the `sheaf` processes, the \
@@ -375,5 +376,75 @@ fn nothing_lost(report: &mut Report, compared: &[&Measured]) {
             measured,
             lost.is_empty(),
         );
+    }
+}
+
+/// The log's queries over the run, every node counted: how many, how large, what they cost.
+fn queries_table(report: &mut Report, compared: &[&Measured]) {
+    let mut table = Table::new(
+        "The log's queries over the whole run (`system.query_log` of every node, the queries \
+         touching the run's database; sent: by Sheaf, forwarded: by the node Sheaf asked, to \
+         a replica or the other shard), per event accepted over the run",
+        &[
+            "configuration",
+            "INSERTs sent / forwarded",
+            "INSERT CPU µs/event",
+            "SELECTs sent / forwarded",
+            "SELECTs sent per 1,000 events",
+            "SELECT CPU µs/event",
+            "CPU per INSERT sent (with its forwards) / per SELECT sent",
+        ],
+    );
+    for m in compared {
+        let events = m.accepted_events.max(1) as f64;
+        let count = |kind: &str, initial: u8| {
+            m.clickhouse_queries
+                .iter()
+                .find(|q| q.kind == kind && q.initial == initial)
+                .map_or(0, |q| q.queries)
+        };
+        let cpu = |kind: &str| -> f64 {
+            m.clickhouse_queries
+                .iter()
+                .filter(|q| q.kind == kind)
+                .map(|q| q.cpu_micros as f64)
+                .sum()
+        };
+        let inserts = count("Insert", 1);
+        let selects = count("Select", 1);
+        if inserts + selects == 0 {
+            continue;
+        }
+        let per_query = |cpu_us: f64, n: u64| {
+            if n == 0 {
+                "–".to_owned()
+            } else {
+                report::millis(cpu_us / n as f64 / 1_000.0)
+            }
+        };
+        table.row(vec![
+            m.backend.label().to_owned(),
+            format!(
+                "{} / {}",
+                report::count(inserts as f64),
+                report::count(count("Insert", 0) as f64)
+            ),
+            format!("{:.0}", cpu("Insert") / events),
+            format!(
+                "{} / {}",
+                report::count(selects as f64),
+                report::count(count("Select", 0) as f64)
+            ),
+            format!("{:.1}", selects as f64 * 1_000.0 / events),
+            format!("{:.0}", cpu("Select") / events),
+            format!(
+                "{} / {}",
+                per_query(cpu("Insert"), inserts),
+                per_query(cpu("Select"), selects)
+            ),
+        ]);
+    }
+    if !table.rows.is_empty() {
+        report.tables.push(table);
     }
 }
