@@ -87,6 +87,20 @@ pub(crate) struct Row {
 
 type Line = (DestinationId, String);
 
+/// A record of the outbox waiting in the bucket for the log store: an accepted event or a
+/// settled attempt, written by `owner` (see `outbox.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Waiting {
+    /// The key, without the bucket's prefix.
+    pub key: String,
+    /// The queue that wrote it, the one that ships it while it lives.
+    pub owner: uuid::Uuid,
+    /// The event's key hash for an event; `None` for an attempt.
+    pub event: Option<String>,
+    /// When the stream stored it.
+    pub at: Timestamp,
+}
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Index {
@@ -100,6 +114,15 @@ pub(crate) struct Index {
     dead: u64,
     /// The processes' last heartbeats.
     heartbeats: HashMap<uuid::Uuid, Timestamp>,
+    /// The queues' last heartbeats (a heartbeat names the process and the queue it went
+    /// through): whose outbox records have a living owner.
+    owners: HashMap<uuid::Uuid, Timestamp>,
+    /// The outbox's records waiting for the log store, by stream sequence: oldest first.
+    waiting: BTreeMap<u64, Waiting>,
+    /// The sequence of each waiting record's key.
+    waiting_keys: HashMap<String, u64>,
+    /// The sequence of each waiting event, by its key hash.
+    waiting_events: HashMap<String, u64>,
     /// The stream sequence of the last write applied.
     applied: u64,
 }
@@ -194,9 +217,70 @@ impl Index {
         Some(row)
     }
 
-    /// Applies a process's heartbeat.
-    pub fn beat(&mut self, process: uuid::Uuid, at: Timestamp) {
+    /// Applies a process's heartbeat, made through the queue `owner` when it says so.
+    pub fn beat(&mut self, process: uuid::Uuid, at: Timestamp, owner: Option<uuid::Uuid>) {
         self.heartbeats.insert(process, at);
+        if let Some(owner) = owner {
+            let last = self.owners.entry(owner).or_insert(at);
+            *last = (*last).max(at);
+        }
+    }
+
+    /// Applies an outbox record written at `sequence`.
+    pub fn put_waiting(&mut self, waiting: Waiting, sequence: u64) {
+        self.remove_waiting(&waiting.key);
+        self.waiting_keys.insert(waiting.key.clone(), sequence);
+        if let Some(hash) = &waiting.event {
+            self.waiting_events.insert(hash.clone(), sequence);
+        }
+        self.waiting.insert(sequence, waiting);
+    }
+
+    /// Applies the removal of an outbox record (shipped).
+    pub fn remove_waiting(&mut self, key: &str) {
+        if let Some(sequence) = self.waiting_keys.remove(key)
+            && let Some(old) = self.waiting.remove(&sequence)
+            && let Some(hash) = old.event
+        {
+            self.waiting_events.remove(&hash);
+        }
+    }
+
+    /// The outbox's waiting records, oldest first, with their sequences.
+    pub fn waiting(&self) -> impl Iterator<Item = (u64, &Waiting)> {
+        self.waiting.iter().map(|(&s, w)| (s, w))
+    }
+
+    /// The sequence and key of the waiting event with this key hash.
+    pub fn waiting_event(&self, hash: &str) -> Option<(u64, &str)> {
+        let sequence = *self.waiting_events.get(hash)?;
+        Some((sequence, self.waiting[&sequence].key.as_str()))
+    }
+
+    /// How many events and attempts wait, and when the stream stored the oldest record.
+    pub fn waiting_counts(&self) -> (u64, u64, Option<Timestamp>) {
+        let events = self.waiting_events.len() as u64;
+        let attempts = self.waiting.len() as u64 - events;
+        (events, attempts, self.waiting.values().map(|w| w.at).min())
+    }
+
+    /// The stream sequence of the oldest waiting event.
+    pub fn oldest_waiting_event(&self) -> Option<u64> {
+        self.waiting_events.values().min().copied()
+    }
+
+    /// The queues that beat at `since` or later.
+    pub fn owners_since(&self, since: Timestamp) -> Vec<uuid::Uuid> {
+        self.owners
+            .iter()
+            .filter(|&(_, &at)| at >= since)
+            .map(|(&o, _)| o)
+            .collect()
+    }
+
+    /// Whether jobs of `destination`'s order key `key` wait, are held, or hold it dead.
+    pub fn line_taken(&self, destination: DestinationId, key: &str) -> bool {
+        self.lines.contains_key(&(destination, key.to_owned()))
     }
 
     /// Applies the removal of a process's heartbeat.

@@ -3,6 +3,7 @@
 #![doc = include_str!("../README.md")]
 
 mod index;
+mod outbox;
 mod view;
 mod write;
 
@@ -74,12 +75,16 @@ impl JetStreamConfig {
 /// The job queue in a JetStream key-value bucket. See the crate docs for how it works.
 pub struct JetStreamQueue {
     config: JetStreamConfig,
-    writer: write::Writer,
+    writer: Arc<write::Writer>,
     view: Arc<View>,
     /// Jobs this process is claiming right now, so two claims of one process never race for
     /// the same job.
     claiming: parking_lot::Mutex<HashSet<JobId>>,
     watcher: tokio::task::JoinHandle<()>,
+    /// This queue's id: its outbox records carry it, and its heartbeats name it.
+    owner: uuid::Uuid,
+    /// The outbox's state in this process; `None` on a server that cannot store atomic batches.
+    outbox: Option<outbox::Local>,
 }
 
 impl JetStreamQueue {
@@ -98,6 +103,7 @@ impl JetStreamQueue {
                 "nats-server {version} cannot keep a replicated queue: before 2.10 it checks a write's expected revision before the replicas agree on the write, so two claims of one job sent together can both be stored; use nats-server 2.10 or later, or one replica"
             )));
         }
+        let atomic = stores_atomic_batches(&version);
         let context = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(10))
             .max_ack_inflight(write::CHUNK * 2)
@@ -119,6 +125,7 @@ impl JetStreamQueue {
                     allow_rollup: true,
                     deny_delete: false,
                     allow_direct: true,
+                    allow_atomic_publish: atomic,
                     ..jetstream::stream::Config::default()
                 })
                 .await
@@ -133,18 +140,35 @@ impl JetStreamQueue {
             .get_key_value(&config.bucket)
             .await
             .map_err(|e| Error::unavailable("opening the queue's bucket", e))?;
-        let stream = context
+        let mut stream = context
             .get_stream(stream_name)
             .await
             .map_err(|e| Error::unavailable("reading the queue's bucket", e))?;
+        if atomic && !stream.cached_info().config.allow_atomic_publish {
+            // A bucket made before the outbox: its stream learns to store batches.
+            let config = jetstream::stream::Config {
+                allow_atomic_publish: true,
+                ..stream.cached_info().config.clone()
+            };
+            context
+                .update_stream(config)
+                .await
+                .map_err(|e| Error::unavailable("letting the queue's bucket store batches", e))?;
+            stream
+                .info()
+                .await
+                .map_err(|e| Error::unavailable("reading the queue's bucket", e))?;
+        }
         let view = Arc::new(View::default());
         let watcher = tokio::spawn(view::watch(store, stream.clone(), Arc::clone(&view)));
         let queue = JetStreamQueue {
-            writer: write::Writer::new(context, stream, &config.bucket),
+            writer: Arc::new(write::Writer::new(context, stream, &config.bucket)),
             config,
             view,
             claiming: parking_lot::Mutex::new(HashSet::new()),
             watcher,
+            owner: uuid::Uuid::now_v7(),
+            outbox: atomic.then(outbox::Local::default),
         };
         queue.sync().await?;
         Ok(queue)
@@ -169,7 +193,9 @@ impl JetStreamQueue {
     /// Keeps deletion markers for `age` instead of half a minute, for tests of their removal.
     #[doc(hidden)]
     pub fn keep_markers_for(&mut self, age: Duration) {
-        self.writer.marker_kept = age;
+        Arc::get_mut(&mut self.writer)
+            .expect("set before the queue is shared")
+            .marker_kept = age;
     }
 
     /// Waits until this process's view holds every write the bucket had when called.
@@ -180,9 +206,11 @@ impl JetStreamQueue {
 
     /// Writes `changes` to held jobs, each under the rule that the job's stored
     /// `claimed_until` must equal the lease's; returns the jobs whose lease was lost. A lease
-    /// given twice counts once.
+    /// given twice counts once. `first` (writes that expect no revision: the outbox's attempts)
+    /// go before them in the same pipelined call.
     async fn settle_held(
         &self,
+        first: Vec<Write>,
         items: Vec<(Lease, Outcome<'_>)>,
     ) -> Result<(Vec<JobId>, Vec<Lease>)> {
         let mut seen = HashSet::new();
@@ -203,10 +231,15 @@ impl JetStreamQueue {
                 }
             }
         }
-        let writes: Vec<Write> = pending.iter().map(|(_, _, w)| w.clone()).collect();
+        let skip = first.len();
+        let writes: Vec<Write> = first
+            .into_iter()
+            .chain(pending.iter().map(|(_, _, w)| w.clone()))
+            .collect();
         let results = self.writer.write(&writes, &self.view).await?;
         let mut done = Vec::new();
-        for ((lease, change, _), result) in pending.into_iter().zip(results) {
+        for ((lease, change, _), result) in pending.into_iter().zip(results.into_iter().skip(skip))
+        {
             let settled = match result {
                 Written::At(_) => true,
                 // The view was behind: read the job from the bucket and try again while the
@@ -237,8 +270,63 @@ fn serializes_replicated_writes(version: &str) -> bool {
     (major, minor) >= (2, 10)
 }
 
+/// Whether a server of this version stores atomic batches of writes (2.12 and later), which
+/// the outbox needs.
+fn stores_atomic_batches(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 12)
+}
+
 /// What an outcome makes of a held job's record.
 type Outcome<'a> = Box<dyn Fn(&Record) -> Change + Send + Sync + 'a>;
+
+/// Removing completed jobs, as outcomes of their leases.
+fn completions(leases: &[Lease]) -> Vec<(Lease, Outcome<'_>)> {
+    leases
+        .iter()
+        .map(|&l| {
+            let change: Outcome<'_> = Box::new(|_: &Record| Change::Delete);
+            (l, change)
+        })
+        .collect()
+}
+
+/// Moving jobs to a later attempt, as outcomes of their leases.
+fn reschedules(jobs: &[Reschedule]) -> Vec<(Lease, Outcome<'_>)> {
+    jobs.iter()
+        .map(|r| {
+            let change: Outcome<'_> = Box::new(move |record: &Record| {
+                let mut record = record.clone();
+                record.job.due_at = r.due_at;
+                record.job.attempt_number = r.attempt_number;
+                record.job.last_attempt_time = r.last_attempt_time;
+                record.claimed_until = None;
+                Change::Put(record)
+            });
+            (r.lease, change)
+        })
+        .collect()
+}
+
+/// Giving up on jobs at `now`, as outcomes of their leases.
+fn dead_letters(jobs: &[DeadLetterRequest], now: Timestamp) -> Vec<(Lease, Outcome<'_>)> {
+    jobs.iter()
+        .map(|r| {
+            let change: Outcome<'_> = Box::new(move |record: &Record| {
+                let mut record = record.clone();
+                record.claimed_until = None;
+                record.dead = Some(Dead {
+                    reason: r.reason.clone(),
+                    at: now,
+                    holds_key: r.hold_key && record.job.order_key.is_some(),
+                });
+                Change::Put(record)
+            });
+            (r.lease, change)
+        })
+        .collect()
+}
 
 /// Whether `lease` is the claim on `record`.
 fn holds(record: &Record, lease: &Lease) -> bool {
@@ -360,7 +448,7 @@ impl JobQueue for JetStreamQueue {
                 (l, change)
             })
             .collect();
-        let (lost, done) = self.settle_held(items).await?;
+        let (lost, done) = self.settle_held(Vec::new(), items).await?;
         Ok(Renewed {
             leases: done
                 .into_iter()
@@ -374,53 +462,18 @@ impl JobQueue for JetStreamQueue {
     }
 
     async fn complete(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
-        let items = leases
-            .iter()
-            .map(|&l| {
-                let change: Outcome<'_> = Box::new(|_: &Record| Change::Delete);
-                (l, change)
-            })
-            .collect();
-        Ok(self.settle_held(items).await?.0)
+        Ok(self.settle_held(Vec::new(), completions(leases)).await?.0)
     }
 
     async fn reschedule(&self, jobs: &[Reschedule]) -> Result<Vec<JobId>> {
-        let items = jobs
-            .iter()
-            .map(|r| {
-                let change: Outcome<'_> = Box::new(move |record: &Record| {
-                    let mut record = record.clone();
-                    record.job.due_at = r.due_at;
-                    record.job.attempt_number = r.attempt_number;
-                    record.job.last_attempt_time = r.last_attempt_time;
-                    record.claimed_until = None;
-                    Change::Put(record)
-                });
-                (r.lease, change)
-            })
-            .collect();
-        Ok(self.settle_held(items).await?.0)
+        Ok(self.settle_held(Vec::new(), reschedules(jobs)).await?.0)
     }
 
     async fn dead_letter(&self, jobs: &[DeadLetterRequest]) -> Result<Vec<JobId>> {
-        let now = Timestamp::now();
-        let items = jobs
-            .iter()
-            .map(|r| {
-                let change: Outcome<'_> = Box::new(move |record: &Record| {
-                    let mut record = record.clone();
-                    record.claimed_until = None;
-                    record.dead = Some(Dead {
-                        reason: r.reason.clone(),
-                        at: now,
-                        holds_key: r.hold_key && record.job.order_key.is_some(),
-                    });
-                    Change::Put(record)
-                });
-                (r.lease, change)
-            })
-            .collect();
-        Ok(self.settle_held(items).await?.0)
+        Ok(self
+            .settle_held(Vec::new(), dead_letters(jobs, Timestamp::now()))
+            .await?
+            .0)
     }
 
     async fn release(&self, leases: &[Lease]) -> Result<Vec<JobId>> {
@@ -435,7 +488,7 @@ impl JobQueue for JetStreamQueue {
                 (l, change)
             })
             .collect();
-        Ok(self.settle_held(items).await?.0)
+        Ok(self.settle_held(Vec::new(), items).await?.0)
     }
 
     async fn depth(&self) -> Result<QueueDepth> {
@@ -498,7 +551,9 @@ impl JobQueue for JetStreamQueue {
 
     async fn heartbeat(&self, process: uuid::Uuid, ttl: Duration) -> Result<u32> {
         let now = Timestamp::now();
-        self.writer.beat(process, now, &self.view).await?;
+        self.writer
+            .beat(process, self.owner, now, &self.view)
+            .await?;
         let since = now.saturating_sub(ttl);
         let count = self.view.index().processes_since(since).max(1);
         Ok(u32::try_from(count).unwrap_or(u32::MAX))

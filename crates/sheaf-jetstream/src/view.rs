@@ -17,12 +17,18 @@ use futures::StreamExt as _;
 use parking_lot::{Mutex, MutexGuard};
 use sheaf_store::{Error, JobId, Result, Timestamp};
 
-use crate::index::{Index, Record};
+use crate::index::{Index, Record, Waiting};
 
 /// Keys of jobs start with this, followed by the job id.
 pub(crate) const JOB_KEY: &str = "j.";
 /// Keys of process heartbeats start with this, followed by the process id.
 pub(crate) const PROCESS_KEY: &str = "p.";
+/// Keys of the outbox's accepted events start with this, then the queue that wrote the
+/// event, `.`, and the hash of the event's key (`outbox.rs`).
+pub(crate) const EVENT_KEY: &str = "e.";
+/// Keys of the outbox's settled attempts start with this, then the queue that wrote the
+/// attempt, `.`, and the attempt's id.
+pub(crate) const ATTEMPT_KEY: &str = "a.";
 
 /// How long a call waits for the view to catch up before it reports the queue unavailable.
 const CATCH_UP: Duration = Duration::from_secs(10);
@@ -100,13 +106,25 @@ impl View {
             } else if let Some(process) = entry.key.strip_prefix(PROCESS_KEY)
                 && let Ok(process) = uuid::Uuid::from_str(process)
             {
-                let at = std::str::from_utf8(&entry.value)
-                    .ok()
+                // `<micros>` or `<micros> <queue>`.
+                let value = std::str::from_utf8(&entry.value).unwrap_or("");
+                let mut parts = value.split(' ');
+                let at = parts
+                    .next()
                     .and_then(|v| v.parse::<i64>().ok())
                     .and_then(|micros| Timestamp::from_micros(micros).ok());
+                let owner = parts.next().and_then(|o| uuid::Uuid::from_str(o).ok());
                 match at {
-                    Some(at) if !removed => index.beat(process, at),
+                    Some(at) if !removed => index.beat(process, at, owner),
                     _ => index.forget_process(&process),
+                }
+            } else if let Some(waiting) =
+                outbox_record(&entry.key, entry.created.unix_timestamp_nanos())
+            {
+                if removed {
+                    index.remove_waiting(&entry.key);
+                } else {
+                    index.put_waiting(waiting, entry.revision);
                 }
             }
             index.advance(entry.revision);
@@ -126,6 +144,24 @@ impl View {
         }
         self.applied.send_replace(entry.revision);
     }
+}
+
+/// The outbox record a key names (`e.<queue>.<hash>` or `a.<queue>.<attempt>`), stored at
+/// `created`; `None` for any other key.
+fn outbox_record(key: &str, created_nanos: i128) -> Option<Waiting> {
+    let (rest, event) = match key.strip_prefix(EVENT_KEY) {
+        Some(rest) => (rest, true),
+        None => (key.strip_prefix(ATTEMPT_KEY)?, false),
+    };
+    let (owner, id) = rest.split_once('.')?;
+    let owner = uuid::Uuid::from_str(owner).ok()?;
+    let micros = created_nanos / 1_000;
+    Some(Waiting {
+        key: key.to_owned(),
+        owner,
+        event: event.then(|| id.to_owned()),
+        at: Timestamp::from_micros(i64::try_from(micros).ok()?).ok()?,
+    })
 }
 
 /// Reads the bucket into `view` for as long as the queue lives, starting again after the

@@ -99,11 +99,59 @@ pub(crate) struct Write {
 }
 
 impl Write {
+    /// Stores `value` under `key`, whatever the key holds.
+    pub(crate) fn put(key: String, value: Bytes) -> Self {
+        Write {
+            key,
+            value: Some(value),
+            expect: None,
+        }
+    }
+
+    /// Deletes `key`.
+    pub(crate) fn delete(key: String) -> Self {
+        Write {
+            key,
+            value: None,
+            expect: None,
+        }
+    }
+
+    /// The key written, without the bucket's prefix.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The value written; `None` for a deletion.
+    pub(crate) fn value(&self) -> Option<&Bytes> {
+        self.value.as_ref()
+    }
+
     pub(crate) fn expecting(mut self, revision: u64) -> Self {
         self.expect = Some(revision);
         self
     }
 }
+
+impl Write {
+    /// The headers of its publish: the expected revision, and the deletion mark.
+    fn headers(&self) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(revision) = self.expect {
+            headers.insert(
+                async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                HeaderValue::from(revision),
+            );
+        }
+        if self.value.is_none() {
+            headers.insert("KV-Operation", "DEL");
+        }
+        headers
+    }
+}
+
+/// Most writes in one atomic batch: the server's default limit.
+pub(crate) const MAX_BATCH: usize = 1000;
 
 /// What became of one write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,16 +204,7 @@ impl Writer {
         for chunk in writes.chunks(CHUNK) {
             let mut acks = Vec::with_capacity(chunk.len());
             for write in chunk {
-                let mut headers = async_nats::HeaderMap::new();
-                if let Some(revision) = write.expect {
-                    headers.insert(
-                        async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
-                        HeaderValue::from(revision),
-                    );
-                }
-                if write.value.is_none() {
-                    headers.insert("KV-Operation", "DEL");
-                }
+                let headers = write.headers();
                 let ack = self
                     .context
                     .publish_with_headers(
@@ -210,6 +249,138 @@ impl Writer {
             view.wait_for(last).await?;
         }
         Ok(results)
+    }
+
+    /// Stores `writes` as one atomic batch (nats-server 2.12 and later, on a stream that allows
+    /// it): every write is stored, or none is. Answers the stream sequence of the last write, or
+    /// `None` when the stream refused the batch, which happens when a key was not at the
+    /// revision its write expected (the server does not say which). Waits for the view to read
+    /// the batch. At most [`MAX_BATCH`] writes.
+    pub(crate) async fn write_batch(&self, writes: &[Write], view: &View) -> Result<Option<u64>> {
+        debug_assert!(writes.len() <= MAX_BATCH);
+        let Some((last, first)) = writes.split_last() else {
+            return Ok(None);
+        };
+        let client = self.context.client();
+        let batch = uuid::Uuid::now_v7().simple().to_string();
+        let headers = |write: &Write, n: usize| {
+            let mut headers = write.headers();
+            headers.insert("Nats-Batch-Id", batch.as_str());
+            headers.insert("Nats-Batch-Sequence", HeaderValue::from(n));
+            headers
+        };
+        // The writes before the last go without a reply: the server answers the batch as a
+        // whole, at its last write, and refuses all of it if any one failed.
+        for (i, write) in first.iter().enumerate() {
+            client
+                .publish_with_headers(
+                    format!("{}{}", self.prefix, write.key),
+                    headers(write, i + 1),
+                    write.value.clone().unwrap_or_default(),
+                )
+                .await
+                .map_err(|e| Error::unavailable("writing to the queue's bucket", e))?;
+        }
+        let mut commit = headers(last, writes.len());
+        commit.insert("Nats-Batch-Commit", "1");
+        let ack = self
+            .context
+            .publish_with_headers(
+                format!("{}{}", self.prefix, last.key),
+                commit,
+                last.value.clone().unwrap_or_default(),
+            )
+            .await
+            .map_err(|e| Error::unavailable("writing to the queue's bucket", e))?
+            .await;
+        match ack {
+            Ok(ack) => {
+                view.wait_for(ack.sequence).await?;
+                Ok(Some(ack.sequence))
+            }
+            Err(e) if refused_as_stale(&e) => Ok(None),
+            Err(e) => Err(Error::unavailable(
+                "the queue's bucket did not store a batch of writes",
+                e,
+            )),
+        }
+    }
+
+    /// What the stream holds under `key` now: nothing, a deletion, or a value, with its
+    /// revision.
+    pub(crate) async fn key_state(&self, key: &str) -> Result<KeyState> {
+        let subject = format!("{}{key}", self.prefix);
+        match self.stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => {
+                let deleted = message
+                    .headers
+                    .get("KV-Operation")
+                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+                Ok(if deleted {
+                    KeyState::Deleted(message.sequence)
+                } else {
+                    KeyState::Stored(message.sequence)
+                })
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(KeyState::Absent),
+            Err(e) => Err(Error::unavailable(
+                format!("reading the queue's key {key}"),
+                e,
+            )),
+        }
+    }
+
+    /// The message stored at `sequence`: its value, `None` when it is gone (removed, or a
+    /// deletion).
+    pub(crate) async fn value_at(&self, sequence: u64) -> Result<Option<Bytes>> {
+        use async_nats::jetstream::stream::DirectGetErrorKind;
+        match self.stream.direct_get(sequence).await {
+            Ok(message) => {
+                let deleted = message.headers.get("KV-Operation").is_some();
+                Ok((!deleted).then_some(message.payload))
+            }
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::unavailable(
+                format!("reading the queue's stream at sequence {sequence}"),
+                e,
+            )),
+        }
+    }
+
+    /// The sequence of the first message the stream stored at `time` or later; `None` when
+    /// there is none yet.
+    pub(crate) async fn first_sequence_since(&self, time: Timestamp) -> Result<Option<u64>> {
+        let subject = format!("STREAM.MSG.GET.{}", self.stream.cached_info().config.name);
+        let request = serde_json::json!({ "start_time": time.to_string() });
+        let answer: serde_json::Value = self
+            .context
+            .request(subject, &request)
+            .await
+            .map_err(|e| Error::unavailable("finding a time in the queue's stream", e))?;
+        if let Some(sequence) = answer.pointer("/message/seq").and_then(|s| s.as_u64()) {
+            return Ok(Some(sequence));
+        }
+        // 10037: no message at or after that time.
+        if answer.pointer("/error/err_code").and_then(|c| c.as_u64()) == Some(10037) {
+            return Ok(None);
+        }
+        Err(Error::Unavailable {
+            message: format!("finding a time in the queue's stream: the server answered {answer}"),
+            source: None,
+        })
+    }
+
+    /// Removes every message under keys starting with `prefix` stored before `sequence`;
+    /// returns how many went.
+    pub(crate) async fn purge_before(&self, prefix: &str, sequence: u64) -> Result<u64> {
+        let response = self
+            .stream
+            .purge()
+            .filter(format!("{}{prefix}>", self.prefix))
+            .sequence(sequence)
+            .await
+            .map_err(|e| Error::unavailable("removing old keys from the queue's stream", e))?;
+        Ok(response.purged)
     }
 
     /// The key's latest message in the stream: `None` when it has none or it is a deletion,
@@ -294,12 +465,13 @@ impl Writer {
     pub(crate) async fn beat(
         &self,
         process: uuid::Uuid,
+        owner: uuid::Uuid,
         now: Timestamp,
         view: &View,
     ) -> Result<()> {
         let write = Write {
             key: format!("{PROCESS_KEY}{process}"),
-            value: Some(Bytes::from(now.as_micros().to_string())),
+            value: Some(Bytes::from(format!("{} {owner}", now.as_micros()))),
             expect: None,
         };
         self.write(&[write], view).await.map(|_| ())
@@ -391,6 +563,17 @@ fn refused_as_stale(error: &async_nats::jetstream::context::PublishError) -> boo
                     | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
             )
         })
+}
+
+/// What a key holds in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyState {
+    /// No message.
+    Absent,
+    /// A deletion, at this revision.
+    Deleted(u64),
+    /// A value, at this revision.
+    Stored(u64),
 }
 
 /// A key's latest message.

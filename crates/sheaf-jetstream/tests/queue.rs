@@ -245,3 +245,51 @@ async fn conformance_on_a_three_node_cluster() {
     conformance::run_job_queue(&queue).await;
     queue.delete_bucket().await.expect("delete the bucket");
 }
+
+/// The outbox suite on the cluster, with the memory log store as the shipments' destination:
+/// with the bucket on all three servers and on one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_conformance_on_a_three_node_cluster() {
+    let urls = sheaf_testenv::require_nats_cluster!("outbox_conformance_on_a_three_node_cluster");
+    for replicas in [3, 1] {
+        eprintln!("outbox on {replicas} replica(s)");
+        let queue = open(&config(urls.clone(), replicas)).await;
+        assert!(
+            queue.has_outbox(),
+            "the cluster's servers store atomic batches"
+        );
+        let log = sheaf_memory::MemoryLogStore::default();
+        conformance::run_outbox(conformance::outbox::Stores {
+            outbox: &queue,
+            queue: &queue,
+            log: &log,
+        })
+        .await;
+        queue.delete_bucket().await.expect("delete the bucket");
+    }
+}
+
+/// A server before 2.12 cannot store an atomic batch: the queue works, without an outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_atomic_batches_has_no_outbox() {
+    let Some(server) = server("a_server_without_atomic_batches_has_no_outbox") else {
+        return;
+    };
+    let queue = open(&config(vec![server.url()], 1)).await;
+    let version = async_nats::connect(server.url())
+        .await
+        .expect("connect")
+        .server_info()
+        .version;
+    let old =
+        version.starts_with("2.9.") || version.starts_with("2.10.") || version.starts_with("2.11.");
+    assert_eq!(queue.has_outbox(), !old, "nats-server {version}");
+    if old {
+        let refused = sheaf_store::Outbox::backlog(&queue).await;
+        assert!(
+            refused.is_err_and(|e| e.to_string().contains("2.12")),
+            "the outbox says which server it needs"
+        );
+    }
+    queue.delete_bucket().await.expect("delete the bucket");
+}
