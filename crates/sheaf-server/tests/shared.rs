@@ -70,12 +70,35 @@ async fn postgres_queue_and_a_clickhouse_cluster_deliver_every_event_through_an_
     check_report("postgres queue + clickhouse cluster log", &report);
 }
 
-/// The JetStream queue on the shared NATS server (one replica) with the ClickHouse log.
+/// The JetStream queue on the shared NATS server (one replica; Debian's nats-server, before
+/// 2.12, so without the bucket's outbox: publishes write to ClickHouse first) with the
+/// ClickHouse log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_queue_and_clickhouse_log_deliver_every_event_through_an_outage() {
     let postgres = sheaf_testenv::require_postgres!("jetstream_queue_and_clickhouse_log");
     let clickhouse = sheaf_testenv::require_clickhouse!("jetstream_queue_and_clickhouse_log");
     let nats = sheaf_testenv::require_nats!("jetstream_queue_and_clickhouse_log");
+    jetstream_and_clickhouse_through_an_outage(&postgres, &clickhouse, &nats, "1", "jsch").await;
+}
+
+/// The same on the 3-node JetStream cluster with 3 replicas, whose servers (2.12 and later)
+/// keep the outbox in the bucket: publishes and attempts reach ClickHouse through shipments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_outbox_and_clickhouse_log_deliver_every_event_through_an_outage() {
+    let postgres = sheaf_testenv::require_postgres!("jetstream_outbox_and_clickhouse_log");
+    let clickhouse = sheaf_testenv::require_clickhouse!("jetstream_outbox_and_clickhouse_log");
+    let nats = sheaf_testenv::require_nats_cluster!("jetstream_outbox_and_clickhouse_log");
+    let urls = nats.join(",");
+    jetstream_and_clickhouse_through_an_outage(&postgres, &clickhouse, &urls, "3", "jsob").await;
+}
+
+async fn jetstream_and_clickhouse_through_an_outage(
+    postgres: &str,
+    clickhouse: &str,
+    nats: &str,
+    replicas: &str,
+    label: &str,
+) {
     let schema = sheaf_testenv::unique_name("srv");
     let database = sheaf_testenv::unique_name("srv");
     let bucket = sheaf_testenv::unique_name("jobs");
@@ -83,18 +106,21 @@ async fn jetstream_queue_and_clickhouse_log_deliver_every_event_through_an_outag
     for (k, v) in [
         ("SHEAF_QUEUE", "jetstream"),
         ("SHEAF_LOG_STORE", "clickhouse"),
-        ("SHEAF_POSTGRES_URL", postgres.as_str()),
+        ("SHEAF_POSTGRES_URL", postgres),
         ("SHEAF_POSTGRES_SCHEMA", schema.as_str()),
-        ("SHEAF_CLICKHOUSE_URL", clickhouse.as_str()),
+        ("SHEAF_CLICKHOUSE_URL", clickhouse),
         ("SHEAF_CLICKHOUSE_DATABASE", database.as_str()),
-        ("SHEAF_JETSTREAM_URLS", nats.as_str()),
+        ("SHEAF_JETSTREAM_URLS", nats),
         ("SHEAF_JETSTREAM_BUCKET", bucket.as_str()),
-        ("SHEAF_JETSTREAM_REPLICAS", "1"),
+        ("SHEAF_JETSTREAM_REPLICAS", replicas),
     ] {
         env.insert(k.to_owned(), v.to_owned());
     }
-    let report = outage_run(env, "jsch", 2_000).await;
-    check_report("jetstream queue + clickhouse log", &report);
+    let report = outage_run(env, label, 2_000).await;
+    check_report(
+        &format!("jetstream queue ({label}) + clickhouse log"),
+        &report,
+    );
 }
 
 /// Three processes share a JetStream queue kept on 3 servers (`cargo xtask services up

@@ -128,13 +128,13 @@ pub(super) mod clickhouse {
 pub(super) mod jetstream {
     use std::sync::Arc;
 
-    use sheaf_store::JobQueue;
+    use sheaf_store::{JobQueue, Outbox};
 
     use crate::backends::JetStreamSettings;
 
     pub(in crate::backends) async fn connect(
         _settings: &JetStreamSettings,
-    ) -> anyhow::Result<Arc<dyn JobQueue>> {
+    ) -> anyhow::Result<(Arc<dyn JobQueue>, Option<Arc<dyn Outbox>>)> {
         anyhow::bail!(
             "SHEAF_QUEUE is jetstream, but this build of sheaf-engine has no JetStream support (cargo feature `jetstream`)"
         )

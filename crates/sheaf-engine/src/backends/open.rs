@@ -142,9 +142,10 @@ pub(crate) async fn open(
             let in_the_log = stores.log == LogStoreKind::Postgres;
             (pg.queue(), Some(pg.outbox(in_the_log)))
         }
-        // No outbox: the log store is the record of publishes and attempts, written before
-        // the jobs are enqueued (see `ingest::publish`).
-        QueueKind::JetStream => (jetstream::connect(&stores.jetstream).await?, None),
+        // The outbox is in the bucket on servers that store atomic batches; without it, the
+        // log store is the record of publishes and attempts, written before the jobs are
+        // enqueued (see `ingest::publish`).
+        QueueKind::JetStream => jetstream::connect(&stores.jetstream).await?,
     };
     let (entities, replays) = match (stores.entity_home(), &postgres, &sqlite) {
         (EntityHome::Postgres, Some(pg), _) => (pg.entities(), pg.replays()),
