@@ -49,10 +49,11 @@ use sheaf_store::{
     validate_lease,
 };
 
+use crate::JetStreamQueue;
 use crate::index::{Record, Waiting};
+use crate::outcome::{completions, dead_letters, reschedules};
 use crate::view::{ATTEMPT_KEY, EVENT_KEY, JOB_KEY, View};
 use crate::write::{Change, KeyState, MAX_BATCH, Write, Writer};
-use crate::{JetStreamQueue, completions, dead_letters, reschedules};
 
 /// Keys of accepted event keys start with this, followed by the key's hash.
 pub(crate) const KEY_KEY: &str = "k.";

@@ -10,9 +10,9 @@
 //!   (`sheaf_memory::PendingWork`), out of retention's reach; the bound is on those events' count
 //!   (`SHEAF_MEMORY_MAX_PENDING_EVENTS`) and payload bytes (`SHEAF_MEMORY_MAX_PENDING_BYTES`).
 //!   Read at every publish: two counters under the log's read lock.
-//! - **Postgres queue with a log store elsewhere**: the bound is on the events waiting in the
-//!   outbox for the log store (`SHEAF_OUTBOX_MAX_EVENTS`), which grows while the log store is
-//!   down. Counting them is a query, so the housekeeping task samples it every few seconds
+//! - **Postgres queue with a log store elsewhere, or the JetStream queue with its outbox**: the
+//!   bound is on the events waiting in the outbox for the log store
+//!   (`SHEAF_OUTBOX_MAX_EVENTS`), which grows while the log store is down. Counting them is a query, so the housekeeping task samples it every few seconds
 //!   ([`Admission::note_outbox`]) and publishes compare with the sample.
 //! - **Postgres queue and log**: the log tables are the record and nothing waits to be shipped;
 //!   jobs are small rows and Postgres's disk is the bound. No bound is applied here.
