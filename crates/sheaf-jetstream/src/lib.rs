@@ -161,7 +161,8 @@ impl JetStreamQueue {
                 .await
                 .map_err(|e| Error::unavailable("reading the queue's bucket", e))?;
         }
-        let view = Arc::new(View::default());
+        let owner = uuid::Uuid::now_v7();
+        let view = Arc::new(View::new(owner));
         let watcher = tokio::spawn(view::watch(store, stream.clone(), Arc::clone(&view)));
         let queue = JetStreamQueue {
             writer: Arc::new(write::Writer::new(context, stream, &config.bucket)),
@@ -169,7 +170,7 @@ impl JetStreamQueue {
             view,
             claiming: parking_lot::Mutex::new(HashSet::new()),
             watcher,
-            owner: uuid::Uuid::now_v7(),
+            owner,
             outbox: atomic.then(outbox::Local::default),
         };
         queue.sync().await?;

@@ -342,21 +342,34 @@ impl Outbox for JetStreamQueue {
         Ok(self.settle_held(first, items).await?.0)
     }
 
+    /// The events waiting in the bucket and, beside them, events other processes accepted
+    /// lately even when shipped already (kept in memory by the view, `View::recent_event`):
+    /// the same events the log store holds, found without asking it.
     async fn get_events(&self, keys: &[EventKey]) -> Result<HashMap<EventKey, Event>> {
-        let found: Vec<(EventKey, (u64, String))> = {
+        let mut values: Vec<(EventKey, Bytes)> = Vec::new();
+        let waiting: Vec<(EventKey, (u64, String))> = {
             let index = self.view.index();
             keys.iter()
                 .filter_map(|key| {
-                    let (sequence, stored) = index.waiting_event(&key_hash(key))?;
+                    let hash = key_hash(key);
+                    if let Some(value) = self.view.recent_event(&hash) {
+                        values.push((key.clone(), value));
+                        return None;
+                    }
+                    let (sequence, stored) = index.waiting_event(&hash)?;
                     Some((key.clone(), (sequence, stored.to_owned())))
                 })
                 .collect()
         };
-        let records: Vec<(u64, String)> = found.iter().map(|(_, r)| r.clone()).collect();
-        let values = self.values(&records).await?;
-        let mut events = HashMap::with_capacity(found.len());
-        for ((key, _), value) in found.into_iter().zip(values) {
-            if let Some(event) = value.and_then(|v| serde_json::from_slice::<Event>(&v).ok())
+        let records: Vec<(u64, String)> = waiting.iter().map(|(_, r)| r.clone()).collect();
+        for ((key, _), value) in waiting.into_iter().zip(self.values(&records).await?) {
+            if let Some(value) = value {
+                values.push((key, value));
+            }
+        }
+        let mut events = HashMap::with_capacity(values.len());
+        for (key, value) in values {
+            if let Ok(event) = serde_json::from_slice::<Event>(&value)
                 && event.key() == key
             {
                 events.insert(key, event);

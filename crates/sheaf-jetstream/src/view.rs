@@ -45,19 +45,55 @@ pub(crate) struct View {
     /// Deletion markers to remove from the stream once every view has read them: the stream
     /// sequence, and when the marker was written or found.
     pub(crate) markers: Mutex<VecDeque<(Instant, u64)>>,
+    /// The queue this view belongs to.
+    owner: uuid::Uuid,
+    /// The latest events other queues accepted, as read from the stream (`outbox.rs`).
+    recent: Mutex<Recent>,
 }
 
-impl Default for View {
-    fn default() -> Self {
+/// The values of the latest [`RECENT_EVENTS`] outbox events other queues wrote, by key hash.
+///
+/// The watcher reads every event's value anyway; keeping the latest ones lets a process that
+/// claims a job another process accepted find its payload in memory, where it would otherwise
+/// read it from the log store once shipped (a query per batch of claims, the largest cost of a
+/// fleet on ClickHouse).
+#[derive(Debug, Default)]
+struct Recent {
+    values: std::collections::HashMap<String, bytes::Bytes>,
+    order: VecDeque<String>,
+}
+
+/// How many of other queues' events a view keeps (about 1 KB each with their payloads).
+const RECENT_EVENTS: usize = 10_000;
+
+impl View {
+    pub(crate) fn new(owner: uuid::Uuid) -> Self {
         View {
             index: Mutex::new(Index::default()),
             applied: tokio::sync::watch::Sender::new(0),
             markers: Mutex::new(VecDeque::new()),
+            owner,
+            recent: Mutex::new(Recent::default()),
         }
     }
-}
 
-impl View {
+    /// The value of an event another queue accepted lately, by its key hash.
+    pub(crate) fn recent_event(&self, hash: &str) -> Option<bytes::Bytes> {
+        self.recent.lock().values.get(hash).cloned()
+    }
+
+    fn remember_event(&self, hash: &str, value: bytes::Bytes) {
+        let mut recent = self.recent.lock();
+        if recent.values.insert(hash.to_owned(), value).is_none() {
+            recent.order.push_back(hash.to_owned());
+        }
+        while recent.order.len() > RECENT_EVENTS {
+            if let Some(old) = recent.order.pop_front() {
+                recent.values.remove(&old);
+            }
+        }
+    }
+
     pub(crate) fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock()
     }
@@ -124,6 +160,11 @@ impl View {
                 if removed {
                     index.remove_waiting(&entry.key);
                 } else {
+                    if let Some(hash) = &waiting.event
+                        && waiting.owner != self.owner
+                    {
+                        self.remember_event(hash, entry.value.clone());
+                    }
                     index.put_waiting(waiting, entry.revision);
                 }
             }

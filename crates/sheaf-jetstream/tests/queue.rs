@@ -293,3 +293,72 @@ async fn a_server_without_atomic_batches_has_no_outbox() {
     }
     queue.delete_bucket().await.expect("delete the bucket");
 }
+
+/// A process delivering a job another process accepted finds the event in the bucket while it
+/// waits, and in its view's memory of recent events once shipped, without the log store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_finds_an_event_before_and_after_its_shipment() {
+    use sheaf_store::{Event, EventId, Intake, Outbox, Payload};
+    let urls = sheaf_testenv::require_nats_cluster!("another_process_finds_an_event");
+    let config = config(urls, 3);
+    let (a, b) = (open(&config).await, open(&config).await);
+    let tenant = unique_tenant("outbox-recent");
+    let event = Event {
+        tenant_id: tenant.clone(),
+        id: EventId::new("evt-elsewhere").expect("id"),
+        topic: "order.created".into(),
+        time: Timestamp::now(),
+        data: Payload::new(serde_json::json!({ "n": 1 })),
+        trace: None,
+    };
+    let intake = Intake {
+        event: event.clone(),
+        jobs: vec![job(&tenant, Timestamp::now())]
+            .into_iter()
+            .map(|j| Job {
+                event_id: event.id.clone(),
+                ..j
+            })
+            .collect(),
+    };
+    assert_eq!(a.accept(&[intake]).await.expect("accept"), vec![true]);
+    // b's view reads the batch behind a's: its claim is the proof it has.
+    let claimed = b.claim(1, Duration::from_secs(30)).await.expect("claim");
+    assert_eq!(claimed.len(), 1, "b claims the job a accepted");
+    let key = event.key();
+    let found = b
+        .get_events(std::slice::from_ref(&key))
+        .await
+        .expect("read");
+    assert_eq!(
+        found.get(&key),
+        Some(&event),
+        "waiting: found in the bucket"
+    );
+    let shipment = a
+        .take(10)
+        .await
+        .expect("take")
+        .expect("a ships its own event");
+    assert_eq!(shipment.events(), std::slice::from_ref(&event));
+    shipment.commit().await.expect("commit");
+    assert!(
+        a.get_events(std::slice::from_ref(&key))
+            .await
+            .expect("read")
+            .is_empty(),
+        "shipped: gone from a's outbox"
+    );
+    let found = b
+        .get_events(std::slice::from_ref(&key))
+        .await
+        .expect("read");
+    assert_eq!(
+        found.get(&key),
+        Some(&event),
+        "shipped: still in b's memory"
+    );
+    b.complete(&[claimed[0].lease]).await.expect("complete");
+    drop(b);
+    a.delete_bucket().await.expect("delete the bucket");
+}

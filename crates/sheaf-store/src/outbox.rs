@@ -146,7 +146,9 @@ pub trait Outbox: fmt::Debug + Send + Sync + 'static {
     async fn settle(&self, settlement: &Settlement) -> Result<Vec<JobId>>;
 
     /// Events still in the outbox, by key, for first deliveries whose payload this process does
-    /// not have; keys not found are absent (they were shipped, or never accepted).
+    /// not have; keys not found are absent (they were shipped, or never accepted). An outbox may
+    /// also answer with an event shipped lately (the JetStream outbox keeps the latest events of
+    /// other processes in memory): the same event the log store holds.
     async fn get_events(&self, keys: &[EventKey]) -> Result<HashMap<EventKey, Event>>;
 
     /// Takes up to `max_records` records (events first, then attempts, each oldest first) that
