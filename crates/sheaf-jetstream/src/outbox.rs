@@ -29,6 +29,12 @@
 //! attempt and not the outcome: its job is delivered again when the lease runs out (at least
 //! once, never lost).
 //!
+//! **Reading a record.** The view may show a record before the stream's leader has applied
+//! it (the view reads through a consumer that can sit on a replica which applied the batch
+//! first), so "not found" is not trusted while the view shows the record waiting: an event
+//! read is tried again, and a shipment leaves the record for a later round. A shipment removes
+//! only records it read and handed over; removing one it could not read would lose it.
+//!
 //! **Shipping.** Each queue ships the records it wrote. Records of a queue that has not beaten
 //! for [`ORPHANED_AFTER`] (a process that stopped) are shipped by the living queue with the
 //! smallest id. Log stores take a record twice without keeping two, so two shippers of one
@@ -67,6 +73,10 @@ const CACHED: usize = 50_000;
 /// How many times an accept whose batch was refused is checked and sent again.
 const RETRIES: usize = 8;
 
+/// How many times (20 ms apart) an event the view shows waiting is read again when the
+/// stream's leader does not have it yet.
+const READ_AGAIN: usize = 50;
+
 /// The outbox's state in this process.
 #[derive(Debug, Default)]
 pub(crate) struct Local {
@@ -81,6 +91,13 @@ impl Local {
         let mut cache = self.cache.lock();
         if cache.len() < CACHED {
             cache.insert(key, value);
+        }
+    }
+
+    fn forget<'a>(&self, keys: impl Iterator<Item = &'a str>) {
+        let mut cache = self.cache.lock();
+        for key in keys {
+            cache.remove(key);
         }
     }
 }
@@ -140,6 +157,52 @@ impl JetStreamQueue {
             }
         });
         futures::future::join_all(reads).await.into_iter().collect()
+    }
+
+    /// Waiting events whose value [`Self::values`] did not find: read again while the view
+    /// still shows them waiting. A record the view shows and the stream's leader does not
+    /// have yet (a replica applied the batch first, and the view read it there) is not an
+    /// absent event, which would send the reader to the log store before the event is there;
+    /// one the view no longer shows was shipped. Unavailable if one stays unreadable.
+    async fn read_again(
+        &self,
+        mut unread: Vec<(EventKey, (u64, String))>,
+    ) -> Result<Vec<(EventKey, Bytes)>> {
+        let mut found = Vec::new();
+        for _ in 0..READ_AGAIN {
+            if unread.is_empty() {
+                return Ok(found);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            {
+                let index = self.view.index();
+                unread.retain(|(key, (sequence, _))| {
+                    index
+                        .waiting_event(&key_hash(key))
+                        .is_some_and(|(s, _)| s == *sequence)
+                });
+            }
+            let records: Vec<(u64, String)> = unread.iter().map(|(_, r)| r.clone()).collect();
+            let read = self.values(&records).await?;
+            let mut still = Vec::new();
+            for ((key, record), value) in unread.into_iter().zip(read) {
+                match value {
+                    Some(value) => found.push((key, value)),
+                    None => still.push((key, record)),
+                }
+            }
+            unread = still;
+        }
+        if unread.is_empty() {
+            return Ok(found);
+        }
+        Err(Error::Unavailable {
+            message: format!(
+                "{} waiting events of the outbox could not be read from the stream",
+                unread.len()
+            ),
+            source: None,
+        })
     }
 
     /// Accepts the intakes `group` names (at most [`MAX_BATCH`] writes) in one batch; see the
@@ -213,21 +276,28 @@ impl JetStreamQueue {
             if writes.is_empty() {
                 return Ok(());
             }
-            if self
-                .writer
-                .write_batch(&writes, &self.view)
-                .await?
-                .is_some()
-            {
+            // The values go into memory before the batch is sent: this process's shipper may
+            // take the events as soon as its view has read them, before the batch's answer.
+            let events: Vec<&Write> = writes
+                .iter()
+                .zip(&roles)
+                .filter(|(_, role)| matches!(role, Role::Event))
+                .map(|(write, _)| write)
+                .collect();
+            for write in &events {
+                if let Some(value) = write.value() {
+                    local.remember(write.key().to_owned(), value.clone());
+                }
+            }
+            let stored = self.writer.write_batch(&writes, &self.view).await;
+            if !matches!(stored, Ok(Some(_))) {
+                local.forget(events.iter().map(|w| w.key()));
+            }
+            if stored?.is_some() {
                 for &i in group.iter().filter(|i| !repeats.contains(i)) {
                     accepted.new[i] = true;
                 }
                 accepted.leased.extend(leased);
-                for (write, role) in writes.iter().zip(&roles) {
-                    if let (Role::Event, Some(value)) = (role, write.value()) {
-                        local.remember(write.key().to_owned(), value.clone());
-                    }
-                }
                 return Ok(());
             }
             // Refused: find the keys that moved (a repeat, a job queued already, a deletion
@@ -336,10 +406,15 @@ impl Outbox for JetStreamQueue {
                 local.remember(write.key().to_owned(), value.clone());
             }
         }
+        let keys: Vec<String> = first.iter().map(|w| w.key().to_owned()).collect();
         let mut items = completions(&settlement.complete);
         items.extend(reschedules(&settlement.reschedule));
         items.extend(dead_letters(&settlement.dead_letter, Timestamp::now()));
-        Ok(self.settle_held(first, items).await?.0)
+        let settled = self.settle_held(first, items).await;
+        if settled.is_err() {
+            local.forget(keys.iter().map(String::as_str));
+        }
+        Ok(settled?.0)
     }
 
     /// The events waiting in the bucket and, beside them, events other processes accepted
@@ -362,11 +437,15 @@ impl Outbox for JetStreamQueue {
                 .collect()
         };
         let records: Vec<(u64, String)> = waiting.iter().map(|(_, r)| r.clone()).collect();
-        for ((key, _), value) in waiting.into_iter().zip(self.values(&records).await?) {
-            if let Some(value) = value {
-                values.push((key, value));
+        let read = self.values(&records).await?;
+        let mut unread = Vec::new();
+        for ((key, record), value) in waiting.into_iter().zip(read) {
+            match value {
+                Some(value) => values.push((key, value)),
+                None => unread.push((key, record)),
             }
         }
+        values.extend(self.read_again(unread).await?);
         let mut events = HashMap::with_capacity(values.len());
         for (key, value) in values {
             if let Ok(event) = serde_json::from_slice::<Event>(&value)
@@ -422,16 +501,37 @@ impl Outbox for JetStreamQueue {
             attempts: Vec::new(),
         };
         let values = self.values(&shipment.records).await?;
-        for ((_, waiting), value) in picked.iter().zip(values) {
-            let Some(value) = value else { continue };
+        // A shipment removes only what it read: a record it could not read (the stream's
+        // leader has not applied it yet, or another queue shipped it) stays for a later one.
+        let mut kept = Vec::with_capacity(picked.len());
+        for ((sequence, waiting), value) in picked.iter().zip(values) {
+            let Some(value) = value else {
+                tracing::debug!(key = %waiting.key, "a waiting record could not be read; left for a later shipment");
+                continue;
+            };
             let parsed = if waiting.event.is_some() {
                 serde_json::from_slice(&value).map(|e| shipment.events.push(e))
             } else {
                 serde_json::from_slice(&value).map(|a| shipment.attempts.push(a))
             };
-            if let Err(e) = parsed {
-                tracing::warn!(key = %waiting.key, error = %e, "a record of the outbox cannot be read; it is left in the bucket");
+            match parsed {
+                Ok(()) => kept.push((*sequence, waiting.key.clone())),
+                Err(e) => tracing::warn!(key = %waiting.key, error = %e,
+                    "a record of the outbox cannot be read; it is left in the bucket"),
             }
+        }
+        // Dropping the full list gives back the records left out; the shipment keeps the rest.
+        let taken = std::mem::replace(&mut shipment.records, kept);
+        {
+            let mut held = local.held.lock();
+            for (sequence, _) in &taken {
+                if !shipment.records.iter().any(|(s, _)| s == sequence) {
+                    held.remove(sequence);
+                }
+            }
+        }
+        if shipment.records.is_empty() {
+            return Ok(None);
         }
         Ok(Some(Box::new(shipment)))
     }

@@ -330,14 +330,15 @@ impl Writer {
         }
     }
 
-    /// The message stored at `sequence`: its value, `None` when it is gone (removed, or a
-    /// deletion).
+    /// The message stored at `sequence`: its value, `None` when the stream's leader does not
+    /// have it (removed, a deletion, or not applied there yet).
     ///
-    /// Asked of the stream's leader, never answered by a replica (a direct get may be): a
-    /// replica that is behind has not stored the message yet and would answer "not found" for
-    /// a record that waits, and a reader would then look for its event in the log store, which
-    /// does not have it yet (the delivery bench lost 40 events of 60,000 that way, with two
-    /// processes on the 3-node cluster).
+    /// Asked of the leader, never answered by a replica (a direct get may be), so that `None`
+    /// is never a lagging replica's answer. It can still be "not yet": the view reads the
+    /// stream through a consumer that may sit on a replica which applied a batch before the
+    /// leader did. Callers read again while the view shows the record waiting (`outbox.rs`).
+    /// The delivery bench lost events to both before they did: 40 of 60,000 with two
+    /// processes, 207 with three.
     pub(crate) async fn value_at(&self, sequence: u64) -> Result<Option<Bytes>> {
         match self.stream.get_raw_message(sequence).await {
             Ok(message) => {

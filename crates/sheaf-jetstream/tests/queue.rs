@@ -362,3 +362,157 @@ async fn another_process_finds_an_event_before_and_after_its_shipment() {
     drop(b);
     a.delete_bucket().await.expect("delete the bucket");
 }
+
+/// Three processes each accept events, ship their outbox to one log store, and deliver jobs of
+/// any process's events, reading each event as the service does (the outbox, then the log
+/// store): every event is found, whether it waits in the bucket or was shipped meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_are_found_by_any_process_while_they_are_shipped() {
+    use sheaf_store::{Event, EventId, Intake, LogStore, Outbox, Payload, Settlement};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let urls = sheaf_testenv::require_nats_cluster!("events_are_found_by_any_process");
+    let config = config(urls, 3);
+    let processes = [
+        open(&config).await,
+        open(&config).await,
+        open(&config).await,
+    ]
+    .map(Arc::new);
+    let log = Arc::new(sheaf_memory::MemoryLogStore::default());
+    let tenant = unique_tenant("outbox-race");
+    const PER_PROCESS: usize = 2_000;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, missing) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut tasks = Vec::new();
+    for (p, queue) in processes.iter().enumerate() {
+        // The shipper.
+        let (queue_s, log_s, stop_s) = (Arc::clone(queue), Arc::clone(&log), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            while !stop_s.load(Ordering::Relaxed) {
+                if let Some(shipment) = queue_s.take(300).await.expect("take") {
+                    log_s
+                        .insert_many(shipment.events(), shipment.attempts())
+                        .await
+                        .expect("log write");
+                    shipment.commit().await.expect("commit");
+                } else {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+        // The workers.
+        for _ in 0..2 {
+            let (queue_w, log_w, stop_w) = (Arc::clone(queue), Arc::clone(&log), Arc::clone(&stop));
+            let (done_w, missing_w) = (Arc::clone(&done), Arc::clone(&missing));
+            tasks.push(tokio::spawn(async move {
+                while !stop_w.load(Ordering::Relaxed) {
+                    let claimed = queue_w
+                        .claim(20, Duration::from_secs(30))
+                        .await
+                        .expect("claim");
+                    if claimed.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let keys: Vec<_> = claimed
+                        .iter()
+                        .map(|c| sheaf_store::EventKey {
+                            tenant_id: c.job.tenant_id.clone(),
+                            event_id: c.job.event_id.clone(),
+                        })
+                        .collect();
+                    let mut found = queue_w.get_events(&keys).await.expect("outbox read");
+                    let rest: Vec<_> = keys
+                        .iter()
+                        .filter(|k| !found.contains_key(k))
+                        .cloned()
+                        .collect();
+                    found.extend(log_w.get_events(&rest).await.expect("log read"));
+                    for key in &keys {
+                        if !found.contains_key(key) {
+                            eprintln!("process {p}: event {} found nowhere", key.event_id.as_str());
+                            missing_w.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    let lost = queue_w
+                        .settle(&Settlement {
+                            complete: claimed.iter().map(|c| c.lease).collect(),
+                            ..Settlement::default()
+                        })
+                        .await
+                        .expect("settle");
+                    assert!(lost.is_empty(), "no lease lost");
+                    done_w.fetch_add(claimed.len(), Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    // The publishers: each process accepts its own events, 10 at a time from 4 tasks.
+    let mut publishers = Vec::new();
+    for (p, queue) in processes.iter().enumerate() {
+        for t in 0..4 {
+            let (queue, tenant) = (Arc::clone(queue), tenant.clone());
+            let done_p = Arc::clone(&done);
+            publishers.push(tokio::spawn(async move {
+                for batch in 0..PER_PROCESS / 200 {
+                    let intakes: Vec<Intake> = (0..50)
+                        .map(|i| {
+                            let event = Event {
+                                tenant_id: tenant.clone(),
+                                id: EventId::new(format!("evt-{p}-{t}-{batch}-{i}")).expect("id"),
+                                topic: "order.created".into(),
+                                time: Timestamp::now(),
+                                data: Payload::new(serde_json::json!({ "p": p, "i": i })),
+                                trace: None,
+                            };
+                            let job = Job {
+                                event_id: event.id.clone(),
+                                ..job(&tenant, Timestamp::now())
+                            };
+                            Intake {
+                                event,
+                                jobs: vec![job],
+                            }
+                        })
+                        .collect();
+                    let offer = sheaf_store::LeaseOffer {
+                        max_jobs: 5,
+                        lease: Duration::from_secs(30),
+                    };
+                    let accepted = queue.accept_leasing(&intakes, offer).await.expect("accept");
+                    assert!(accepted.new.iter().all(|&n| n), "every event is new");
+                    // What a process leases at intake it delivers from the event it has.
+                    let lost = queue
+                        .settle(&Settlement {
+                            complete: accepted.leased.iter().map(|c| c.lease).collect(),
+                            ..Settlement::default()
+                        })
+                        .await
+                        .expect("settle");
+                    assert!(lost.is_empty());
+                    done_p.fetch_add(accepted.leased.len(), Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for publisher in publishers {
+        publisher.await.expect("publisher");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while done.load(Ordering::Relaxed) < 3 * PER_PROCESS && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(missing.load(Ordering::Relaxed), 0, "every event is found");
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        3 * PER_PROCESS,
+        "every job is done"
+    );
+    for queue in processes {
+        drop(queue);
+    }
+}
