@@ -87,6 +87,8 @@ pub struct JetStreamQueue {
     owner: uuid::Uuid,
     /// The outbox's state in this process; `None` on a server that cannot store atomic batches.
     outbox: Option<outbox::Local>,
+    /// How long another queue's records wait for it before this one ships them.
+    orphaned_after: Duration,
 }
 
 impl JetStreamQueue {
@@ -172,6 +174,7 @@ impl JetStreamQueue {
             watcher,
             owner,
             outbox: atomic.then(outbox::Local::default),
+            orphaned_after: outbox::ORPHANED_AFTER,
         };
         queue.sync().await?;
         Ok(queue)
@@ -199,6 +202,13 @@ impl JetStreamQueue {
         Arc::get_mut(&mut self.writer)
             .expect("set before the queue is shared")
             .marker_kept = age;
+    }
+
+    /// Ships the outbox records of a queue that has not beaten for `age` instead of a minute,
+    /// for tests of a stopped process's records.
+    #[doc(hidden)]
+    pub fn adopt_records_after(&mut self, age: Duration) {
+        self.orphaned_after = age;
     }
 
     /// Waits until this process's view holds every write the bucket had when called.

@@ -462,9 +462,9 @@ impl Outbox for JetStreamQueue {
         let now = Timestamp::now();
         let picked: Vec<(u64, Waiting)> = {
             let index = self.view.index();
-            let alive = index.owners_since(now.saturating_sub(ORPHANED_AFTER));
+            let alive = index.owners_since(now.saturating_sub(self.orphaned_after));
             let adopter = alive.iter().chain([&self.owner]).min() == Some(&self.owner);
-            let orphaned_before = now.saturating_sub(ORPHANED_AFTER);
+            let orphaned_before = now.saturating_sub(self.orphaned_after);
             let ships = |w: &Waiting| {
                 w.owner == self.owner
                     || (adopter && !alive.contains(&w.owner) && w.at < orphaned_before)

@@ -516,3 +516,65 @@ async fn events_are_found_by_any_process_while_they_are_shipped() {
         drop(queue);
     }
 }
+
+/// The records of a process that stopped before shipping them are shipped by a living one,
+/// once its heartbeat is old enough, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_process_records_are_shipped_by_another() {
+    use sheaf_store::{Intake, Outbox};
+    let urls = sheaf_testenv::require_nats_cluster!("a_stopped_process_records_are_shipped");
+    let config = config(urls, 3);
+    let gone = open(&config).await;
+    let mut survivor = open(&config).await;
+    survivor.adopt_records_after(Duration::from_secs(1));
+    let tenant = unique_tenant("outbox-adopt");
+    let intakes: Vec<Intake> = (0..3)
+        .map(|i| Intake {
+            event: sheaf_store::testkit::fixtures::event(
+                &tenant,
+                &format!("evt-{i}"),
+                "t",
+                Timestamp::now(),
+            ),
+            jobs: vec![],
+        })
+        .collect();
+    gone.heartbeat(uuid::Uuid::now_v7(), Duration::from_secs(10))
+        .await
+        .expect("beat");
+    gone.accept(&intakes).await.expect("accept");
+    let survivor_process = uuid::Uuid::now_v7();
+    survivor
+        .heartbeat(survivor_process, Duration::from_secs(10))
+        .await
+        .expect("beat");
+    assert!(
+        survivor.take(10).await.expect("take").is_none(),
+        "a living process's records are its own to ship"
+    );
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    survivor
+        .heartbeat(survivor_process, Duration::from_secs(10))
+        .await
+        .expect("beat");
+    let shipment = survivor
+        .take(10)
+        .await
+        .expect("take")
+        .expect("adopted records");
+    let mut ids: Vec<&str> = shipment.events().iter().map(|e| e.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["evt-0", "evt-1", "evt-2"],
+        "the stopped process's events"
+    );
+    shipment.commit().await.expect("commit");
+    assert_eq!(
+        survivor.backlog().await.expect("backlog"),
+        sheaf_store::OutboxBacklog::default(),
+        "nothing waits"
+    );
+    survivor.delete_bucket().await.expect("delete the bucket");
+}
