@@ -5,6 +5,7 @@
 mod index;
 mod outbox;
 mod outcome;
+mod shipment;
 mod view;
 mod write;
 

@@ -58,8 +58,9 @@ use sheaf_store::{
 use crate::JetStreamQueue;
 use crate::index::{Record, Waiting};
 use crate::outcome::{completions, dead_letters, reschedules};
-use crate::view::{ATTEMPT_KEY, EVENT_KEY, JOB_KEY, View};
-use crate::write::{Change, KeyState, MAX_BATCH, Write, Writer};
+use crate::shipment::JetStreamShipment;
+use crate::view::{ATTEMPT_KEY, EVENT_KEY, JOB_KEY};
+use crate::write::{Change, KeyState, MAX_BATCH, Write};
 
 /// Keys of accepted event keys start with this, followed by the key's hash.
 pub(crate) const KEY_KEY: &str = "k.";
@@ -565,61 +566,6 @@ impl Outbox for JetStreamQueue {
 
     fn is_log(&self) -> bool {
         false
-    }
-}
-
-/// Records taken for the log store; see [`Shipment`].
-struct JetStreamShipment {
-    writer: Arc<Writer>,
-    view: Arc<View>,
-    held: Arc<Mutex<HashSet<u64>>>,
-    cache: Arc<Mutex<HashMap<String, Bytes>>>,
-    /// Sequence and key of every record taken.
-    records: Vec<(u64, String)>,
-    events: Vec<Event>,
-    attempts: Vec<Attempt>,
-}
-
-#[async_trait]
-impl Shipment for JetStreamShipment {
-    fn events(&self) -> &[Event] {
-        &self.events
-    }
-
-    fn attempts(&self) -> &[Attempt] {
-        &self.attempts
-    }
-
-    fn take_records(&mut self) -> (Vec<Event>, Vec<Attempt>) {
-        (
-            std::mem::take(&mut self.events),
-            std::mem::take(&mut self.attempts),
-        )
-    }
-
-    async fn commit(self: Box<Self>) -> Result<()> {
-        // Each record is deleted at the revision read: one rewritten or shipped by another
-        // queue meanwhile is left to it.
-        let writes: Vec<Write> = self
-            .records
-            .iter()
-            .map(|(sequence, key)| Write::delete(key.clone()).expecting(*sequence))
-            .collect();
-        self.writer.write(&writes, &self.view).await?;
-        let mut cache = self.cache.lock();
-        for (_, key) in &self.records {
-            cache.remove(key);
-        }
-        Ok(())
-    }
-}
-
-impl Drop for JetStreamShipment {
-    fn drop(&mut self) {
-        let mut held = self.held.lock();
-        for (sequence, _) in &self.records {
-            held.remove(sequence);
-        }
     }
 }
 
