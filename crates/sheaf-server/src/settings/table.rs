@@ -284,7 +284,7 @@ pub const JETSTREAM_URLS: Setting = setting(
     "SHEAF_JETSTREAM_URLS",
     None,
     Kind::Text("comma-separated `nats://[user:password@]host:port`"),
-    "The NATS servers of `SHEAF_QUEUE=jetstream`; any one of the cluster will do, and naming several lets start-up go on with one of them down. Required with `SHEAF_QUEUE=jetstream`. TLS to these servers is not supported yet.",
+    "The NATS servers of `SHEAF_QUEUE=jetstream`; any one of the cluster will do, and naming several lets start-up go on with one of them down. Required with `SHEAF_QUEUE=jetstream`. On nats-server 2.12 and later the bucket is also the outbox (a publish is one atomic batch of its event and jobs, answered once the stream's quorum stored it, and the log store gets events and attempts from the log shipper); on older servers a publish is written to the log store before its jobs are enqueued, which is much slower (a warning at start says so). TLS to these servers is not supported yet.",
 );
 /// `SHEAF_JETSTREAM_BUCKET`.
 pub const JETSTREAM_BUCKET: Setting = setting(
@@ -609,7 +609,7 @@ pub const OUTBOX_MAX_EVENTS: Setting = setting(
         min: 1,
         max: 1_000_000_000,
     },
-    "With SHEAF_QUEUE=postgres and a log store elsewhere: most events waiting in the Postgres outbox for the log store (sampled every 2 s). At the bound publishes are answered `503` with `Retry-After` and the CDC source stops reading until the log store has taken them.",
+    "With SHEAF_QUEUE=postgres and a log store elsewhere, or SHEAF_QUEUE=jetstream with the bucket's outbox: most events waiting in the outbox (Postgres tables, or the JetStream bucket) for the log store (sampled every 2 s). At the bound publishes are answered `503` with `Retry-After` and the CDC source stops reading until the log store has taken them.",
 );
 // A day covers any client's retry of a publish by a wide margin; each remembered key costs
 // about 100 bytes of Postgres, so a million events a day keep some 100 MB.
