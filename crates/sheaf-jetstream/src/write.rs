@@ -204,17 +204,7 @@ impl Writer {
         for chunk in writes.chunks(CHUNK) {
             let mut acks = Vec::with_capacity(chunk.len());
             for write in chunk {
-                let headers = write.headers();
-                let ack = self
-                    .context
-                    .publish_with_headers(
-                        format!("{}{}", self.prefix, write.key),
-                        headers,
-                        write.value.clone().unwrap_or_default(),
-                    )
-                    .await
-                    .map_err(|e| Error::unavailable("writing to the queue's bucket", e))?;
-                acks.push(ack.into_future());
+                acks.push(self.send(write, write.headers()).await?.into_future());
             }
             for (write, ack) in chunk.iter().zip(futures::future::join_all(acks).await) {
                 match ack {
@@ -251,6 +241,23 @@ impl Writer {
         Ok(results)
     }
 
+    /// Publishes one write with `headers` to the stream; the answer is the acknowledgement to
+    /// wait for.
+    async fn send(
+        &self,
+        write: &Write,
+        headers: async_nats::HeaderMap,
+    ) -> Result<async_nats::jetstream::context::PublishAckFuture> {
+        self.context
+            .publish_with_headers(
+                format!("{}{}", self.prefix, write.key),
+                headers,
+                write.value.clone().unwrap_or_default(),
+            )
+            .await
+            .map_err(|e| Error::unavailable("writing to the queue's bucket", e))
+    }
+
     /// Stores `writes` as one atomic batch (nats-server 2.12 and later, on a stream that allows
     /// it): every write is stored, or none is. Answers the stream sequence of the last write, or
     /// `None` when the stream refused the batch, which happens when a key was not at the
@@ -283,16 +290,7 @@ impl Writer {
         }
         let mut commit = headers(last, writes.len());
         commit.insert("Nats-Batch-Commit", "1");
-        let ack = self
-            .context
-            .publish_with_headers(
-                format!("{}{}", self.prefix, last.key),
-                commit,
-                last.value.clone().unwrap_or_default(),
-            )
-            .await
-            .map_err(|e| Error::unavailable("writing to the queue's bucket", e))?
-            .await;
+        let ack = self.send(last, commit).await?.await;
         match ack {
             Ok(ack) => {
                 view.wait_for(ack.sequence).await?;
