@@ -122,27 +122,20 @@ async fn an_event_and_its_attempts_live_on_every_replica_of_one_shard() {
     assert_eq!(latest.len(), events.len(), "every event's latest attempt");
 
     // One query to the Distributed table, and one per shard at most: the batch is not split by
-    // shard or by key.
-    let mut initial = 0;
-    let mut per_shard = [0u64; 2];
-    for node in 0..nodes {
-        let client = db.node_client(node);
-        client
-            .query("SYSTEM FLUSH LOGS")
-            .execute()
-            .await
-            .expect("flush");
-        let (first, secondary): (u64, u64) = client
-            .query(
-                "SELECT countIf(is_initial_query), countIf(NOT is_initial_query) \
-                 FROM system.query_log WHERE type = 'QueryFinish' AND log_comment = ?",
-            )
-            .bind(tag.as_str())
-            .fetch_one()
-            .await
-            .expect("query log");
-        initial += first;
-        per_shard[node / 2] += secondary;
+    // shard or by key. A node logs a query once it has finished, which can come after its
+    // client has the answer, so the log is read until both queries are in it (10 s at most).
+    let (mut initial, mut per_shard) = (0, [0u64; 2]);
+    for _ in 0..50 {
+        (initial, per_shard) = (0, [0u64; 2]);
+        for node in 0..nodes {
+            let (first, secondary) = queries_logged(&db, node, &tag).await;
+            initial += first;
+            per_shard[node / 2] += secondary;
+        }
+        if initial > 0 && per_shard[1] > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     println!(
         "lookup of {} keys: {initial} initial query, secondary queries per shard {per_shard:?}",
@@ -155,6 +148,26 @@ async fn an_event_and_its_attempts_live_on_every_replica_of_one_shard() {
     );
     // The queried node holds shard 1 and answers it in its own query; shard 2 is asked once.
     assert_eq!(per_shard[1], 1, "the other shard is asked: {per_shard:?}");
+}
+
+/// The finished queries tagged `tag` in node `node`'s query log, after flushing it: those sent
+/// by a client, and those another node sent it for a query of its own.
+async fn queries_logged(db: &TestDb, node: usize, tag: &str) -> (u64, u64) {
+    let client = db.node_client(node);
+    client
+        .query("SYSTEM FLUSH LOGS")
+        .execute()
+        .await
+        .expect("flush");
+    client
+        .query(
+            "SELECT countIf(is_initial_query), countIf(NOT is_initial_query) \
+             FROM system.query_log WHERE type = 'QueryFinish' AND log_comment = ?",
+        )
+        .bind(tag)
+        .fetch_one()
+        .await
+        .expect("query log")
 }
 
 fn attempts_key(event: &Event, destination: DestinationId, since: Timestamp) -> AttemptKey {
