@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderValue;
 use async_nats::jetstream::Context;
 use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use bytes::Bytes;
 use sheaf_store::{Error, Job, JobId, Result, Timestamp};
@@ -307,6 +308,16 @@ impl Writer {
     /// What the stream holds under `key` now: nothing, a deletion, or a value, with its
     /// revision.
     pub(crate) async fn key_state(&self, key: &str) -> Result<KeyState> {
+        Ok(match self.last_message(key).await? {
+            None => KeyState::Absent,
+            Some((message, true)) => KeyState::Deleted(message.sequence),
+            Some((message, false)) => KeyState::Stored(message.sequence),
+        })
+    }
+
+    /// The key's last message in the stream, if it has one, and whether that message is a
+    /// deletion.
+    async fn last_message(&self, key: &str) -> Result<Option<(StreamMessage, bool)>> {
         let subject = format!("{}{key}", self.prefix);
         match self.stream.get_last_raw_message_by_subject(&subject).await {
             Ok(message) => {
@@ -314,13 +325,9 @@ impl Writer {
                     .headers
                     .get("KV-Operation")
                     .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                Ok(if deleted {
-                    KeyState::Deleted(message.sequence)
-                } else {
-                    KeyState::Stored(message.sequence)
-                })
+                Ok(Some((message, deleted)))
             }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(KeyState::Absent),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(Error::unavailable(
                 format!("reading the queue's key {key}"),
                 e,
@@ -387,30 +394,19 @@ impl Writer {
         Ok(response.purged)
     }
 
-    /// The key's latest message in the stream: `None` when it has none or it is a deletion,
-    /// else the record (its place resolved) and its revision.
+    /// The key's latest message in the stream: absent, a deletion, or the record (its place
+    /// resolved) and its revision.
     async fn latest(&self, key: &str) -> Result<Latest> {
-        let subject = format!("{}{key}", self.prefix);
-        match self.stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(message) => {
-                let deleted = message
-                    .headers
-                    .get("KV-Operation")
-                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                if deleted {
-                    return Ok(Latest::Deleted(message.sequence));
-                }
+        match self.last_message(key).await? {
+            None => Ok(Latest::Absent),
+            Some((message, true)) => Ok(Latest::Deleted(message.sequence)),
+            Some((message, false)) => {
                 let mut record: Record = serde_json::from_slice(&message.payload).map_err(|e| {
                     Error::backend(format!("the queue's key {key} is not a job"), e)
                 })?;
                 record.place.get_or_insert(message.sequence);
                 Ok(Latest::Record(Box::new(record), message.sequence))
             }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Latest::Absent),
-            Err(e) => Err(Error::unavailable(
-                format!("reading the queue's key {key}"),
-                e,
-            )),
         }
     }
 
