@@ -12,7 +12,8 @@
 //!   Read at every publish: two counters under the log's read lock.
 //! - **Postgres queue with a log store elsewhere, or the JetStream queue with its outbox**: the
 //!   bound is on the events waiting in the outbox for the log store
-//!   (`SHEAF_OUTBOX_MAX_EVENTS`), which grows while the log store is down. Counting them is a query, so the housekeeping task samples it every few seconds
+//!   (`SHEAF_OUTBOX_MAX_EVENTS`), which grows while the log store is down. Counting them is a
+//!   query, so the housekeeping task samples it every few seconds
 //!   ([`Admission::note_outbox`]) and publishes compare with the sample.
 //! - **Postgres queue and log**: the log tables are the record and nothing waits to be shipped;
 //!   jobs are small rows and Postgres's disk is the bound. No bound is applied here.
