@@ -94,6 +94,11 @@ impl View {
         }
     }
 
+    /// Drops the value kept for `hash`; its place in the eviction order stays and goes in turn.
+    fn forget_event(&self, hash: &str) {
+        self.recent.lock().values.remove(hash);
+    }
+
     pub(crate) fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock()
     }
@@ -160,10 +165,15 @@ impl View {
                 if removed {
                     index.remove_waiting(&entry.key);
                 } else {
-                    if let Some(hash) = &waiting.event
-                        && waiting.owner != self.owner
-                    {
-                        self.remember_event(hash, entry.value.clone());
+                    // An event of this queue's own under a key another queue's event had once
+                    // (a publisher reusing an id after the idempotency window) replaces it: the
+                    // older value must not answer for it once it is shipped.
+                    match &waiting.event {
+                        Some(hash) if waiting.owner != self.owner => {
+                            self.remember_event(hash, entry.value.clone());
+                        }
+                        Some(hash) => self.forget_event(hash),
+                        None => {}
                     }
                     index.put_waiting(waiting, entry.revision);
                 }

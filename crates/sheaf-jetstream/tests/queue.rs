@@ -374,6 +374,67 @@ async fn another_process_finds_an_event_before_and_after_its_shipment() {
     a.delete_bucket().await.expect("delete the bucket");
 }
 
+/// A publisher may reuse an event id once the idempotency window has passed. The process that
+/// accepts it again answers with the new event, never with the old one it kept in memory from
+/// another process, while it waits and once it is shipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_accepted_again_after_its_window_is_read_as_the_new_event() {
+    use sheaf_store::{Event, EventId, Intake, Outbox, Payload};
+    let urls = sheaf_testenv::require_nats_cluster!("an_id_accepted_again_after_its_window");
+    let config = config(urls, 3);
+    let (a, b) = (open(&config).await, open(&config).await);
+    let tenant = unique_tenant("outbox-reused");
+    let event = |n: u32| Event {
+        tenant_id: tenant.clone(),
+        id: EventId::new("evt-reused").expect("id"),
+        topic: "order.created".into(),
+        time: Timestamp::now(),
+        data: Payload::new(serde_json::json!({ "n": n })),
+        trace: None,
+    };
+    let (old, new) = (event(1), event(2));
+    let key = old.key();
+    let intake = |event: &Event| Intake {
+        event: event.clone(),
+        jobs: vec![],
+    };
+    assert_eq!(b.accept(&[intake(&old)]).await.expect("accept"), vec![true]);
+    // a's view keeps b's event once it has read it.
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = read_event(&a, &key).await;
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.as_ref(), Some(&old), "a reads b's event");
+    let shipment = b.take(10).await.expect("take").expect("b ships its event");
+    shipment.commit().await.expect("commit");
+    // The window passes: every key written so far is pruned.
+    let later = Timestamp::now().saturating_add(Duration::from_secs(1));
+    b.prune_keys(later, 1_000).await.expect("prune");
+    assert_eq!(
+        a.accept(&[intake(&new)]).await.expect("accept again"),
+        vec![true],
+        "the id is new again once its key is pruned"
+    );
+    assert_eq!(
+        read_event(&a, &key).await,
+        Some(new),
+        "waiting: the new event"
+    );
+    let shipment = a.take(10).await.expect("take").expect("a ships its event");
+    shipment.commit().await.expect("commit");
+    assert_eq!(
+        read_event(&a, &key).await,
+        None,
+        "shipped: the log store has it, not an older copy in a's memory"
+    );
+    drop(b);
+    a.delete_bucket().await.expect("delete the bucket");
+}
+
 /// Three processes each accept events, ship their outbox to one log store, and deliver jobs of
 /// any process's events, reading each event as the service does (the outbox, then the log
 /// store): every event is found, whether it waits in the bucket or was shipped meanwhile.
